@@ -1,0 +1,506 @@
+"""Rank, world and rendezvous detection from launcher variables: the one reader.
+
+Every launcher announces a process's place in the world through its own variables. This module reads all
+of them, requires the ones that are set to agree, and says which variable to fix when they do not: a stale
+``RANK=0`` inherited from an outer launcher must never make every rank rank 0. The rank agents, the test
+children and the Lightning ``PALSEnvironment`` all use it, so it is stdlib only (``mpi4py`` is imported
+lazily, only as the last source of a world size).
+
+Variables read, by launcher (rank; local rank; world size; local world size; node rank):
+
+- torchrun: RANK; LOCAL_RANK; WORLD_SIZE; LOCAL_WORLD_SIZE; GROUP_RANK
+- PALS (Aurora): PALS_RANKID; PALS_LOCAL_RANKID; no world size; PALS_LOCAL_SIZE; PALS_NODEID
+- PMIx: PMIX_RANK
+- MPICH hydra: PMI_RANK; MPI_LOCALRANKID or PMI_LOCAL_RANK; PMI_SIZE; MPI_LOCALNRANKS or PMI_LOCAL_SIZE
+- Open MPI: OMPI_COMM_WORLD_RANK; _LOCAL_RANK; _SIZE; _LOCAL_SIZE
+- Slurm: SLURM_PROCID; SLURM_LOCALID; SLURM_NTASKS; SLURM_NODEID
+
+A variable set to the empty string counts as unset (job scripts often ``export RANK=$UNSET_THING``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import RankEnvError
+
+__all__ = [
+    "LAUNCHER_VARIABLES",
+    "PORT_RANGE",
+    "RankInfo",
+    "derive_port",
+    "expand_hostlist",
+    "free_port",
+    "iter_hostlist",
+    "optional_rank_env",
+    "read_rank_env",
+    "rendezvous_host",
+    "rendezvous_port",
+]
+
+_Field = Literal["rank", "local_rank", "world_size", "local_world_size", "node_rank"]
+
+
+@dataclass(frozen=True)
+class _Var:
+    name: str
+    launcher: str
+    field: _Field
+
+
+_VARS: tuple[_Var, ...] = (
+    _Var("RANK", "torchrun", "rank"),
+    _Var("LOCAL_RANK", "torchrun", "local_rank"),
+    _Var("WORLD_SIZE", "torchrun", "world_size"),
+    _Var("LOCAL_WORLD_SIZE", "torchrun", "local_world_size"),
+    _Var("GROUP_RANK", "torchrun", "node_rank"),
+    _Var("PALS_RANKID", "PALS", "rank"),
+    _Var("PALS_LOCAL_RANKID", "PALS", "local_rank"),
+    _Var("PALS_LOCAL_SIZE", "PALS", "local_world_size"),
+    _Var("PALS_NODEID", "PALS", "node_rank"),
+    _Var("PMIX_RANK", "PMIx", "rank"),
+    _Var("PMI_RANK", "MPICH hydra", "rank"),
+    _Var("MPI_LOCALRANKID", "MPICH hydra", "local_rank"),
+    _Var("PMI_LOCAL_RANK", "MPICH hydra", "local_rank"),
+    _Var("PMI_SIZE", "MPICH hydra", "world_size"),
+    _Var("MPI_LOCALNRANKS", "MPICH hydra", "local_world_size"),
+    _Var("PMI_LOCAL_SIZE", "MPICH hydra", "local_world_size"),
+    _Var("OMPI_COMM_WORLD_RANK", "Open MPI", "rank"),
+    _Var("OMPI_COMM_WORLD_LOCAL_RANK", "Open MPI", "local_rank"),
+    _Var("OMPI_COMM_WORLD_SIZE", "Open MPI", "world_size"),
+    _Var("OMPI_COMM_WORLD_LOCAL_SIZE", "Open MPI", "local_world_size"),
+    _Var("SLURM_PROCID", "Slurm", "rank"),
+    _Var("SLURM_LOCALID", "Slurm", "local_rank"),
+    _Var("SLURM_NTASKS", "Slurm", "world_size"),
+    _Var("SLURM_NODEID", "Slurm", "node_rank"),
+)
+
+LAUNCHER_VARIABLES: Mapping[str, tuple[str, ...]] = {
+    launcher: tuple(v.name for v in _VARS if v.launcher == launcher)
+    for launcher in dict.fromkeys(v.launcher for v in _VARS)
+}
+"""Rank variables by launcher family; a launcher unsets the other families' ones in the agents it starts."""
+
+_FIELD_WORDS: Mapping[_Field, str] = {
+    "rank": "rank",
+    "local_rank": "local rank",
+    "world_size": "world size",
+    "local_world_size": "local world size",
+    "node_rank": "node rank",
+}
+
+_MPI4PY_SOURCE = "mpi4py COMM_WORLD size"
+_ARGUMENT_SOURCE = "world_size argument"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankInfo:
+    """Where this process sits in the world, and which variables said so."""
+
+    rank: int
+    """Global rank, 0 .. world_size - 1."""
+    local_rank: int
+    """Rank among the processes of this node: the device index (``xpu:<local_rank>``)."""
+    world_size: int
+    """Number of ranks in the launch."""
+    local_world_size: int | None = None
+    """Number of ranks on this node, when the launcher says."""
+    node_rank: int | None = None
+    """Index of this node in the launch, when the launcher says."""
+    sources: tuple[str, ...] = ()
+    """Names of the variables read (plus ``world_size argument`` or ``mpi4py COMM_WORLD size``)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise RankEnvError(
+                f"rank {self.rank} is not in 0..{self.world_size - 1} for world size {self.world_size} "
+                f"(from {', '.join(self.sources) or 'the caller'}); every rank must be below the world size"
+            )
+        if self.local_rank < 0 or (
+            self.local_world_size is not None and self.local_rank >= self.local_world_size
+        ):
+            raise RankEnvError(
+                f"local rank {self.local_rank} is not in 0..{(self.local_world_size or 1) - 1} for local world "
+                f"size {self.local_world_size} (from {', '.join(self.sources) or 'the caller'})"
+            )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rank and world
+
+
+def read_rank_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    world_size: int | None = None,
+    use_mpi4py: bool = True,
+) -> RankInfo:
+    """Read this process's rank and world from the launcher variables; raise if they are missing or disagree.
+
+    ``environ`` defaults to ``os.environ``. The world size comes from the variables, else ``world_size``
+    (which must agree with the variables when both are given), else mpi4py's ``COMM_WORLD`` size when
+    ``use_mpi4py`` and an MPI launcher started this process (PALS exports no world size).
+    """
+    env = os.environ if environ is None else environ
+    found = _found_values(env)
+    _raise_on_disagreement(found)
+
+    if not found["rank"]:
+        names = ", ".join(v.name for v in _VARS if v.field == "rank")
+        present = [n for n, _ in _all_found(found)]
+        detail = f" (only {', '.join(present)} is set)" if present else ""
+        raise RankEnvError(
+            f"no launcher rank variable is set{detail}: looked for {names}. Start this process with a "
+            f"launcher (mpiexec, srun, torchrun) or export RANK, LOCAL_RANK and WORLD_SIZE yourself."
+        )
+    sources = [n for n, _ in _all_found(found)]
+    rank = found["rank"][0][1]
+    size, size_source = _world_size(found, world_size, use_mpi4py)
+    if size_source is not None:
+        sources.append(size_source)
+    local_world_size = found["local_world_size"][0][1] if found["local_world_size"] else None
+    if found["local_rank"]:
+        local_rank = found["local_rank"][0][1]
+    elif size == 1 or local_world_size == size:
+        local_rank = rank  # every rank is on this node
+    else:
+        raise RankEnvError(
+            f"no local rank variable is set (rank {rank} from {found['rank'][0][0]}, world size {size}): "
+            f"looked for {', '.join(v.name for v in _VARS if v.field == 'local_rank')}. The device index "
+            f"cannot be known on a multi-node launch; export LOCAL_RANK (and LOCAL_WORLD_SIZE) per process."
+        )
+    if rank >= size and size_source == _MPI4PY_SOURCE:
+        raise RankEnvError(
+            f"{found['rank'][0][0]}={rank} is not below mpi4py's COMM_WORLD size {size}: MPI in this process "
+            f"was not started by the launcher that set {found['rank'][0][0]} (mpi4py built against another "
+            f"MPI, or a singleton MPI_Init). Pass the world size instead: `mpiexec --env WORLD_SIZE=<ranks>`"
+        )
+    if rank >= size:
+        raise RankEnvError(
+            f"{found['rank'][0][0]}={rank} is not below the world size {size} (from "
+            f"{size_source or found['world_size'][0][0]}): ranks run 0..{size - 1}. One of them is stale "
+            f"(inherited from another launch); unset it, or launch with -n matching the world size"
+        )
+    if local_world_size is not None and local_world_size > size:
+        raise RankEnvError(
+            f"local world size {local_world_size} (from {found['local_world_size'][0][0]}) exceeds the world "
+            f"size {size} (from {size_source or found['world_size'][0][0]}): one of them is stale; unset it"
+        )
+    if local_world_size is not None and local_rank >= local_world_size:
+        raise RankEnvError(
+            f"{found['local_rank'][0][0]}={local_rank} is not below the local world size {local_world_size} "
+            f"(from {found['local_world_size'][0][0]}): local ranks run 0..{local_world_size - 1}. One of "
+            f"them is stale (inherited from another launch); unset it"
+        )
+    return RankInfo(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=size,
+        local_world_size=local_world_size,
+        node_rank=found["node_rank"][0][1] if found["node_rank"] else None,
+        sources=tuple(sources),
+    )
+
+
+def optional_rank_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    world_size: int | None = None,
+    use_mpi4py: bool = True,
+) -> RankInfo | None:
+    """Like :func:`read_rank_env`, but None when no launcher variable at all is set (a plain process)."""
+    env = os.environ if environ is None else environ
+    if not any(env.get(v.name, "").strip() for v in _VARS):
+        return None
+    return read_rank_env(env, world_size=world_size, use_mpi4py=use_mpi4py)
+
+
+_Found = dict[_Field, list[tuple[str, int]]]
+
+
+def _found_values(env: Mapping[str, str]) -> _Found:
+    found: _Found = {"rank": [], "local_rank": [], "world_size": [], "local_world_size": [], "node_rank": []}
+    for var in _VARS:
+        raw = env.get(var.name)
+        if raw is None or not raw.strip():
+            continue
+        found[var.field].append((var.name, _parse_count(var, raw)))
+    return found
+
+
+def _all_found(found: _Found) -> list[tuple[str, int]]:
+    order = {v.name: i for i, v in enumerate(_VARS)}
+    return sorted((pair for pairs in found.values() for pair in pairs), key=lambda p: order[p[0]])
+
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _parse_count(var: _Var, raw: str) -> int:
+    text = raw.strip()
+    sizes = ("world_size", "local_world_size")
+    if not _DIGITS.fullmatch(text) or (var.field in sizes and int(text) == 0):
+        allowed = "a positive integer" if var.field in sizes else "a non-negative integer"
+        raise RankEnvError(
+            f"{var.name}={raw!r} ({var.launcher} {_FIELD_WORDS[var.field]}) is not {allowed}; "
+            f"fix or unset {var.name} in the environment that starts this process"
+        )
+    return int(text)
+
+
+def _raise_on_disagreement(found: _Found) -> None:
+    lines = []
+    for field, pairs in found.items():
+        if len({value for _, value in pairs}) > 1:
+            shown = ", ".join(f"{name}={value} ({_launcher_of(name)})" for name, value in pairs)
+            lines.append(f"  {_FIELD_WORDS[field]}: {shown}")
+    if not lines:
+        return
+    present: dict[str, list[str]] = {}
+    for name, _ in _all_found(found):
+        present.setdefault(_launcher_of(name), []).append(name)
+    fixes = []
+    for launcher in present:
+        stale = [n for other, names in present.items() if other != launcher for n in names]
+        fixes.append(f"  started by {launcher}? unset {' '.join(stale)} before launching")
+    raise RankEnvError(
+        "launcher variables disagree, so this process cannot know its place in the world:\n"
+        + "\n".join(lines)
+        + "\nOnly the launcher that started this process sets true values; the others were inherited from "
+        "an outer launcher or a job script (a stale RANK=0 would make every rank rank 0). Unset them where "
+        "this process is launched, e.g. `env -u RANK mpiexec ...`:\n" + "\n".join(fixes)
+    )
+
+
+def _launcher_of(name: str) -> str:
+    return next(v.launcher for v in _VARS if v.name == name)
+
+
+def _world_size(found: _Found, argument: int | None, use_mpi4py: bool) -> tuple[int, str | None]:
+    """The world size and, when it did not come from a variable, the source it came from."""
+    if argument is not None and (isinstance(argument, bool) or not isinstance(argument, int) or argument < 1):
+        raise RankEnvError(f"world_size={argument!r} is not a positive integer; pass the number of ranks")
+    if found["world_size"]:
+        name, size = found["world_size"][0]
+        if argument is not None and argument != size:
+            raise RankEnvError(
+                f"{name}={size} ({_launcher_of(name)}) disagrees with world_size={argument} given by the "
+                f"caller: the launch started a different number of ranks than expected; fix the launcher's "
+                f"rank count (-n) or unset a stale {name}"
+            )
+        return size, None
+    if argument is not None:
+        return argument, _ARGUMENT_SOURCE
+    rank_launchers = {_launcher_of(name) for name, _ in found["rank"]}
+    mpi_launched = bool(rank_launchers - {"torchrun"})
+    why_not = "mpi4py was not consulted (use_mpi4py=False)"
+    if use_mpi4py and mpi_launched:
+        size, why_not = _mpi4py_world_size()
+        if size is not None:
+            return size, _MPI4PY_SOURCE
+    elif use_mpi4py:
+        why_not = "mpi4py was not consulted (only torchrun's RANK is set, not an MPI launch)"
+    rank_name = found["rank"][0][0]
+    raise RankEnvError(
+        f"the world size is unknown: {rank_name} is set but none of "
+        f"{', '.join(v.name for v in _VARS if v.field == 'world_size')} is, no world_size was passed, and "
+        f"{why_not}. PALS exports no world size: launch with `mpiexec --env WORLD_SIZE=<ranks> ...`, "
+        f"export WORLD_SIZE=<ranks>, install mpi4py, or pass world_size=<ranks>."
+    )
+
+
+def _mpi4py_world_size() -> tuple[int | None, str]:
+    """COMM_WORLD's size, or None and why not. Importing ``mpi4py.MPI`` initializes MPI, hence last resort."""
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        return None, f"mpi4py is not importable ({exc})"
+    except Exception as exc:  # MPI_Init failing raises RuntimeError or an MPI.Exception
+        return None, f"mpi4py could not initialize MPI ({type(exc).__name__}: {exc})"
+    return int(MPI.COMM_WORLD.Get_size()), ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendezvous host
+
+
+_NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+def rendezvous_host(environ: Mapping[str, str] | None = None) -> str:
+    """Host every rank can reach for the rendezvous: MASTER_ADDR, else the first node of the job, else this host.
+
+    The first node comes from the file named by PBS_NODEFILE, else the Slurm node list (SLURM_STEP_NODELIST,
+    SLURM_JOB_NODELIST, SLURM_NODELIST, expanded here so no ``scontrol`` is needed).
+    """
+    env = os.environ if environ is None else environ
+    addr = env.get("MASTER_ADDR", "").strip()
+    if addr:
+        return addr
+    nodefile = env.get("PBS_NODEFILE", "").strip()
+    if nodefile:
+        return _first_host_in_file(nodefile)
+    for name in _NODELIST_VARS:
+        text = env.get(name, "").strip()
+        if text:
+            return next(iter_hostlist(text, source=name))
+    return socket.gethostname()
+
+
+def _first_host_in_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                host = line.split("#", 1)[0].strip()
+                if host:
+                    return host.split()[0]
+    except OSError as exc:
+        raise RankEnvError(
+            f"PBS_NODEFILE={path!r} cannot be read ({exc.strerror or exc}); run inside the PBS job that set "
+            f"it, or export MASTER_ADDR=<first node> to name the rendezvous host yourself"
+        ) from exc
+    raise RankEnvError(
+        f"PBS_NODEFILE={path!r} lists no host; export MASTER_ADDR=<first node> to name the rendezvous host"
+    )
+
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+def iter_hostlist(text: str, *, source: str = "host list") -> Iterator[str]:
+    """Expand a Slurm host list (``nid[001-004,007]``, ``a1,b[2-3]``, ``r[1-2]n[1-2]``) lazily, in order.
+
+    The whole list is checked first (so a malformed tail is not missed), then hosts are produced one at a
+    time: the first host of ``n[0000000-9999999]`` costs nothing. Zero padding follows the lower bound as
+    written (``[08-10]`` gives 08, 09, 10), as Slurm does. ``source`` names the variable in error messages.
+    """
+    items = [_parse_item(item, text, source) for item in _split_top_level(text, source)]
+    return (host for literals, groups in items for host in _expand_item(literals, groups))
+
+
+def expand_hostlist(text: str, *, source: str = "host list") -> list[str]:
+    """Every host of a Slurm host list, in order (see :func:`iter_hostlist`)."""
+    return list(iter_hostlist(text, source=source))
+
+
+_Range = tuple[int, int, int]  # lo, hi, zero-padded width
+
+
+def _bad_hostlist(text: str, source: str, why: str) -> RankEnvError:
+    return RankEnvError(
+        f"{source}={text!r} is not a Slurm host list ({why}); expected names like 'nid[001-004,007]' or "
+        f"'a1,b[2-3]'. Export MASTER_ADDR=<first node> to bypass the node list."
+    )
+
+
+def _split_top_level(text: str, source: str) -> list[str]:
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise _bad_hostlist(text, source, f"nested '[' at position {i}")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise _bad_hostlist(text, source, f"unmatched ']' at position {i}")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    if depth:
+        raise _bad_hostlist(text, source, "unclosed '['")
+    items.append(text[start:].strip())
+    if not all(items):
+        raise _bad_hostlist(text, source, "an empty host name")
+    return items
+
+
+def _parse_item(item: str, text: str, source: str) -> tuple[list[str], list[list[_Range]]]:
+    """Literal pieces and bracket groups of one host-list item: ``r[1-2]n[3]`` -> (['r', 'n', ''], [...])."""
+    literals = _BRACKET.split(item)[0::2]
+    if any(ch.isspace() for ch in "".join(literals)):
+        raise _bad_hostlist(text, source, f"whitespace inside {item!r}")
+    groups = []
+    for body in _BRACKET.findall(item):
+        ranges = []
+        for part in body.split(","):
+            match = _RANGE.fullmatch(part.strip())
+            if not match:
+                raise _bad_hostlist(text, source, f"range {part!r} is not N or N-M")
+            lo_text, hi_text = match.group(1), match.group(2)
+            lo, hi = int(lo_text), int(hi_text if hi_text is not None else lo_text)
+            if hi < lo:
+                raise _bad_hostlist(text, source, f"range {part!r} runs backwards")
+            ranges.append((lo, hi, len(lo_text)))
+        groups.append(ranges)
+    return literals, groups
+
+
+def _expand_item(
+    literals: list[str], groups: list[list[_Range]], level: int = 0, prefix: str = ""
+) -> Iterator[str]:
+    prefix += literals[level]
+    if level == len(groups):
+        yield prefix
+        return
+    for lo, hi, width in groups[level]:
+        for number in range(lo, hi + 1):
+            yield from _expand_item(literals, groups, level + 1, prefix + str(number).zfill(width))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# rendezvous port
+
+
+PORT_RANGE = range(20000, 30000)
+"""Ports :func:`derive_port` picks from: unprivileged, and below Linux's ephemeral range (32768-60999), so an
+outgoing connection of some other process cannot be holding the port by chance."""
+
+_JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "SLURM_JOBID")
+
+
+def rendezvous_port(environ: Mapping[str, str] | None = None) -> int:
+    """Rendezvous port every rank computes alike: MASTER_PORT, else derived from the job id, else a free port.
+
+    The derivation (:func:`derive_port`) needs no communication, so all nodes of a PBS or Slurm job agree on
+    it; two launches at once inside one job get the same derived port and need their own MASTER_PORT. The
+    free-port fallback is only right on a single host: it is chosen by this process alone.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("MASTER_PORT", "").strip()
+    if raw:
+        if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= 65535:
+            raise RankEnvError(
+                f"MASTER_PORT={env['MASTER_PORT']!r} is not a port number in 1..65535; export a free port "
+                f"(e.g. MASTER_PORT=29500) or unset MASTER_PORT to derive one from the job id"
+            )
+        return int(raw)
+    for name in _JOB_ID_VARS:
+        job_id = env.get(name, "").strip()
+        if job_id:
+            return derive_port(job_id)
+    return free_port()
+
+
+def derive_port(job_id: str) -> int:
+    """Port for a job id: ``20000 + (first 8 bytes of sha256(job_id), big-endian) % 10000``.
+
+    sha256 rather than ``hash()`` because Python salts string hashes per process; the whole id is hashed
+    (``12345.aurora-pbs-0001...`` and ``12345`` differ) because that is what every node of the job sees.
+    """
+    digest = hashlib.sha256(job_id.encode("utf-8")).digest()
+    return PORT_RANGE.start + int.from_bytes(digest[:8], "big") % len(PORT_RANGE)
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port that is free on ``host`` now (the kernel picks it); another process may take it before use."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
