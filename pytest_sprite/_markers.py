@@ -1,0 +1,105 @@
+"""The ``ranks`` marker: parsing, validation and the per-item settings it implies.
+
+Pure functions over marker arguments, unit-tested without pytest sessions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .errors import SpriteUsageError
+
+__all__ = [
+    "PARAM_NAME",
+    "RanksSpec",
+    "parse_positive_int",
+    "parse_ranks_marker",
+    "parse_timeout",
+]
+
+PARAM_NAME: Final = "_sprite_world_size"
+"""Hidden parameter that ``ranks([1, 2, 4])`` parametrizes over."""
+
+_EXAMPLES: Final = "use e.g. @pytest.mark.ranks(4), @pytest.mark.ranks([1, 2, 4]) or @pytest.mark.ranks(2, timeout=60)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RanksSpec:
+    """What a ``ranks`` marker asks for."""
+
+    sizes: tuple[int, ...]
+    """World sizes the test runs at; one unless parametrized."""
+    parametrized: bool
+    """True for the list form, which makes one test per world size."""
+    timeout: float | None
+    """The marker's ``timeout=`` in seconds, None when not given."""
+
+
+def _describe(value: object) -> str:
+    return f"{value!r} (a {type(value).__name__})"
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) -> RanksSpec:
+    """Validate ``@pytest.mark.ranks(...)`` arguments; ``where`` names the test for the error."""
+    prefix = f"@pytest.mark.ranks(...) on {where}"
+    unknown = sorted(set(kwargs) - {"timeout"})
+    if unknown:
+        raise SpriteUsageError(f"{prefix}: unknown keyword {', '.join(unknown)}; the only keyword is timeout=SECONDS")
+    if len(args) != 1:
+        raise SpriteUsageError(f"{prefix}: takes exactly one world size or list of sizes, got {len(args)} arguments; {_EXAMPLES}")
+    (arg,) = args
+    if isinstance(arg, (list, tuple)):
+        if not arg:
+            raise SpriteUsageError(f"{prefix}: the list of world sizes is empty; {_EXAMPLES}")
+        bad = [v for v in arg if not _is_count(v)]
+        if bad:
+            raise SpriteUsageError(
+                f"{prefix}: every world size must be a positive int, got {_describe(bad[0])} in {list(arg)!r}; {_EXAMPLES}"
+            )
+        if len(set(arg)) != len(arg):
+            raise SpriteUsageError(f"{prefix}: world sizes {list(arg)!r} repeat a size; list each once")
+        sizes, parametrized = tuple(arg), True
+    elif _is_count(arg):
+        sizes, parametrized = (arg,), False
+    else:
+        raise SpriteUsageError(
+            f"{prefix}: the world size must be a positive int or a non-empty list of them, got {_describe(arg)}; {_EXAMPLES}"
+        )
+    timeout = kwargs.get("timeout")
+    if timeout is not None:
+        timeout = parse_timeout(timeout, f"{prefix} timeout=")
+    return RanksSpec(sizes=sizes, parametrized=parametrized, timeout=timeout)
+
+
+def parse_positive_int(value: object, where: str) -> int:
+    """An int >= 1 from an option, ini or environment value."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+        valid = False
+    else:
+        valid = number >= 1 and str(value).strip().lstrip("+").isdigit()
+    if not valid:
+        raise SpriteUsageError(f"{where} must be a positive integer (1, 2, 24, ...), got {value!r}")
+    return number
+
+
+def parse_timeout(value: object, where: str) -> float:
+    """Seconds > 0 from a marker, option, ini or environment value."""
+    if isinstance(value, bool):
+        raise SpriteUsageError(f"{where} must be a number of seconds > 0, got {value!r}")
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise SpriteUsageError(f"{where} must be a number of seconds > 0, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise SpriteUsageError(f"{where} must be a number of seconds > 0, got {value!r}")
+    return seconds

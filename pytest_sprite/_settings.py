@@ -1,0 +1,166 @@
+"""Session settings: one place that reads options, environment and ini, in a documented order.
+
+Precedence: a test's marker (``timeout=``) > command line > environment variable > ini > default.
+Every error names the source the bad value came from.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pytest
+
+from ._device import DEVICE_CHOICES
+from ._markers import parse_positive_int, parse_timeout
+from .errors import SpriteUsageError
+
+__all__ = ["OPTIONS", "Settings", "register_options", "settings_key"]
+
+DEFAULT_TIMEOUT: Final = 300.0
+DEFAULT_GRACE: Final = 5.0
+DEFAULT_CONNECT_TIMEOUT: Final = 120.0
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    dest: str
+    ini: str
+    env: str
+    help: str
+    metavar: str
+
+
+OPTIONS: Final = (
+    _Option("--ranks", "sprite_ranks", "ranks", "SPRITE_RANKS",
+            "World size the launcher provides (ranks tests needing more are skipped). "
+            "Default: the largest @pytest.mark.ranks seen.", "W"),
+    _Option("--launcher", "sprite_launcher", "launcher", "SPRITE_LAUNCHER",
+            "How rank agents start: local (fork, default), mpiexec, pals, srun, torchrun.", "NAME"),
+    _Option("--rank-timeout", "sprite_rank_timeout", "rank_timeout", "SPRITE_RANK_TIMEOUT",
+            f"Seconds a ranks test may run before every rank's stack is dumped and it fails "
+            f"(marker timeout= overrides). Default: {DEFAULT_TIMEOUT:g}.", "SECONDS"),
+    _Option("--rank-grace", "sprite_rank_grace", "rank_grace", "SPRITE_RANK_GRACE",
+            f"Seconds the other ranks get to finish after one rank failed, before their stacks are "
+            f"taken and they are ended. Default: {DEFAULT_GRACE:g}.", "SECONDS"),
+    _Option("--ppn", "sprite_ppn", "ppn", "SPRITE_PPN",
+            "Ranks per node, for launchers that need it (pals, mpiexec, srun).", "N"),
+    _Option("--launcher-args", "sprite_launcher_args", "launcher_args", "SPRITE_LAUNCHER_ARGS",
+            "Extra words for the launcher command, shell-quoted (e.g. '--cpu-bind list:1-8').", "ARGS"),
+    _Option("--controller-host", "sprite_controller_host", "controller_host", "SPRITE_CONTROLLER_HOST",
+            "Address agents connect back to. Default: 127.0.0.1 for local launches, else this host's name.",
+            "HOST"),
+    _Option("--connect-timeout", "sprite_connect_timeout", "connect_timeout", "SPRITE_CONNECT_TIMEOUT",
+            f"Seconds to wait for every agent to connect. Default: {DEFAULT_CONNECT_TIMEOUT:g}.", "SECONDS"),
+    _Option("--sprite-device", "sprite_device", "sprite_device", "SPRITE_DEVICE",
+            f"Device for test ranks: {', '.join(DEVICE_CHOICES)} (auto: xpu, else cuda, else cpu).", "KIND"),
+    _Option("--sprite-artifacts", "sprite_artifacts", "sprite_artifacts", "SPRITE_ARTIFACTS",
+            "Directory where arms write their records, one fresh directory per test (never overwritten).",
+            "DIR"),
+    _Option("--sprite-report", "sprite_report", "sprite_report", "SPRITE_REPORT",
+            "Write a JSON report of every assertion's figures to PATH (refuses to overwrite).", "PATH"),
+    _Option("--qwen-path", "sprite_qwen_path", "qwen_path", "SPRITE_QWEN_PATH",
+            "Load real Qwen2 weights for lora_qwen from PATH (default: a tiny in-memory config).", "PATH"),
+)
+
+settings_key = pytest.StashKey["Settings"]()
+
+
+def register_options(parser: pytest.Parser) -> None:
+    """Add every option to the ``sprite`` group, each with its ini twin (one help text for both)."""
+    group = parser.getgroup("sprite", "distributed ranks tests (pytest-sprite)")
+    for opt in OPTIONS:
+        group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help)
+        parser.addini(opt.ini, help=f"{opt.help} (Environment: {opt.env}.)", default=None)
+    group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse_suppress())
+
+
+def argparse_suppress() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+def _raw(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
+    value = config.getoption(opt.dest, None)
+    if value is not None:
+        return value, opt.flag
+    env = os.environ.get(opt.env)
+    if env not in (None, ""):
+        return env, f"environment variable {opt.env}"
+    ini = config.getini(opt.ini)
+    if ini not in (None, "", []):
+        return ini, f"ini option {opt.ini}"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The resolved session settings."""
+
+    world_size: int | None
+    """``--ranks``; None: the largest marker seen."""
+    launcher: str
+    timeout: float
+    timeout_source: str
+    grace: float
+    ppn: int | None
+    launcher_args: tuple[str, ...]
+    controller_host: str | None
+    connect_timeout: float
+    device: str
+    artifacts: str | None
+    report: str | None
+    qwen_path: str | None
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        """Read and validate every setting; raises SpriteUsageError naming the source."""
+        opts = {opt.dest: opt for opt in OPTIONS}
+
+        def get(dest: str) -> tuple[Any, str] | None:
+            return _raw(config, opts[dest])
+
+        from .launch.launchers import LAUNCHER_NAMES
+
+        ranks = get("sprite_ranks")
+        launcher = get("sprite_launcher")
+        launcher_name = str(launcher[0]).strip() if launcher else "local"
+        if launcher_name not in LAUNCHER_NAMES:
+            where = launcher[1] if launcher else "--launcher"
+            raise SpriteUsageError(
+                f"{where}={launcher_name!r} is not a known launcher; valid launchers: {', '.join(LAUNCHER_NAMES)}"
+            )
+        timeout = get("sprite_rank_timeout")
+        grace = get("sprite_rank_grace")
+        ppn = get("sprite_ppn")
+        largs = get("sprite_launcher_args")
+        connect = get("sprite_connect_timeout")
+        device = get("sprite_device")
+        device_name = str(device[0]).strip() if device else "auto"
+        if device_name not in DEVICE_CHOICES:
+            raise SpriteUsageError(f"{device[1]}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")  # type: ignore[index]
+        host = get("sprite_controller_host")
+
+        def text(dest: str) -> str | None:
+            raw = get(dest)
+            return str(raw[0]) if raw else None
+
+        return cls(
+            world_size=parse_positive_int(*ranks) if ranks else None,
+            launcher=launcher_name,
+            timeout=parse_timeout(*timeout) if timeout else DEFAULT_TIMEOUT,
+            timeout_source=timeout[1] if timeout else "the default",
+            grace=parse_timeout(*grace) if grace else DEFAULT_GRACE,
+            ppn=parse_positive_int(*ppn) if ppn else None,
+            launcher_args=tuple(shlex.split(str(largs[0]))) if largs else (),
+            controller_host=str(host[0]) if host else None,
+            connect_timeout=parse_timeout(*connect) if connect else DEFAULT_CONNECT_TIMEOUT,
+            device=device_name,
+            artifacts=text("sprite_artifacts"),
+            report=text("sprite_report"),
+            qwen_path=text("sprite_qwen_path"),
+        )

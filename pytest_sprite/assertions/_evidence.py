@@ -1,0 +1,50 @@
+"""The evidence an assertion failure carries, so a planted fault can be told apart from any other failure.
+
+Every sprite assertion raises an :class:`AssertionFailure` (an ``AssertionError``) whose ``failed``
+lists the checks that failed, per arm, with the fault that arm carried. ``expect_fault_rejected``
+reads only this, so later assertions (criterion v2, resume) plug in by raising the same type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["AssertionFailure", "FailedCheck"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FailedCheck:
+    """One check that one arm failed."""
+
+    arm: str
+    """The arm's label as shown in the table, e.g. ``ddp (fault missing-rank)``."""
+    check: str
+    """Check name, e.g. ``pre_norm``; ``by=`` in ``expect_fault_rejected`` names these."""
+    fault: str | None
+    """Fault the failing arm carried (None for a clean arm)."""
+    detail: str
+    """Where and by how much: step, rank, value against the limit."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form for reports."""
+        return {"arm": self.arm, "check": self.check, "fault": self.fault, "detail": self.detail}
+
+
+class AssertionFailure(AssertionError):
+    """A sprite assertion failed; ``failed`` says which checks on which arms, ``result`` holds all figures."""
+
+    def __init__(self, message: str, *, failed: tuple[FailedCheck, ...], result: Any) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.result = result
+
+    def checks_by_fault(self) -> Mapping[str | None, tuple[str, ...]]:
+        """Failed check names grouped by the fault of the arm that failed them."""
+        grouped: dict[str | None, list[str]] = {}
+        for f in self.failed:
+            names = grouped.setdefault(f.fault, [])
+            if f.check not in names:
+                names.append(f.check)
+        return {k: tuple(v) for k, v in grouped.items()}

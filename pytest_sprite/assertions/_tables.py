@@ -1,0 +1,53 @@
+"""Plain-text tables and number formatting shared by every assertion.
+
+The seed's measured tables are the model: one header row, one row per arm, figures with three
+significant digits, small figures in short scientific notation (``2.40e-6``) and exact zeros as ``0``.
+Pure functions: no torch, no pytest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["format_count", "format_figure", "render_table"]
+
+
+def format_figure(value: float) -> str:
+    """Format a relative error or ratio as the seed's tables do.
+
+    ``0`` for an exact zero, ``2.40e-6`` below 0.01, three significant digits otherwise
+    (``0.238``, ``3``, ``47.5``); ``nan`` and ``inf`` spelled out so they are never mistaken for small.
+    """
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if value == 0:
+        return "0"
+    if abs(value) < 0.01:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{value:.3g}"
+
+
+def format_count(changed: int, total: int) -> str:
+    """``"0 of 290"``: how many of a set of tensors a check found changed."""
+    return f"{changed} of {total}"
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces, with a dashed rule under the header.
+
+    Every row must have one cell per header; a mismatch is a programming error and raises.
+    """
+    for i, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise ValueError(f"table row {i} has {len(row)} cells, the header has {len(headers)}: {list(row)!r}")
+    widths = [max([len(h)] + [len(r[c]) for r in rows]) for c, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])

@@ -1,0 +1,412 @@
+"""FP32 parity: distributed arms against the single-device reference, as the lightning-sprite seed rules.
+
+Every arm must match the reference within ``rtol`` (relative) on the per-step global gradient norm before
+and after clipping (every rank) and on the whole-run weight update, and must leave every frozen tensor
+unchanged. The seed's preconditions are checked too, because a run that breaks them is not a parity
+run: every arm starts from the reference's weights, trains the reference's rows at every step (each row
+once across ranks), and ends with bitwise-equal replicas. Records that cannot be compared at all (no
+reference, a "distributed" arm on one device, different recipes) are refused with an error, never passed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions._tables import format_count, format_figure, render_table
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes.records import DISTRIBUTED_ARMS, ArmRecord
+
+__all__ = ["PARITY_CHECKS", "ArmParity", "ParityError", "ParityRefused", "ParityResult", "assert_parity"]
+
+PARITY_CHECKS: tuple[str, ...] = ("initial", "rows", "pre_norm", "post_norm", "update", "frozen", "synchronized")
+"""Check names an arm can fail, in the order they are evaluated (``by=`` of ``expect_fault_rejected``)."""
+
+FP32_PRECISION = "32-true"
+
+_HEADERS = (
+    "Arm",
+    "Ranks",
+    "Global batch",
+    "Result",
+    "Pre-clip norm rel",
+    "Post-clip norm rel",
+    "Update rel L2",
+    "Frozen changed",
+)
+
+
+class ParityRefused(SpriteUsageError):
+    """The records cannot be compared (missing reference, one-device "distributed" arm, other recipe)."""
+
+
+class ParityError(AssertionFailure):
+    """FP32 parity failed; ``result`` is the :class:`ParityResult` with every figure."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmParity:
+    """One arm's figures against the reference, and the checks it failed."""
+
+    label: str
+    """Arm name with accumulation and fault, as in the table."""
+    arm: str
+    """``single``, ``ddp`` or ``fsdp``."""
+    ranks: int
+    """Devices the arm ran on."""
+    global_batch: int
+    """Rows per optimizer step."""
+    accumulate: int
+    """Micro-batches per optimizer step."""
+    fault: str | None
+    """Planted fault, None for a clean arm."""
+    strategy: str
+    """Lightning strategy class that ran the arm."""
+    pre_norm_rel: float
+    """Largest relative error of the pre-clip global gradient norm, over steps and ranks."""
+    post_norm_rel: float
+    """Largest relative error of the post-clip global gradient norm, over steps and ranks."""
+    update_rel_l2: float
+    """Relative L2 error of the whole-run update of all trainables: |du - du_ref| / |du_ref|."""
+    frozen_changed: int
+    """Frozen tensors whose final value (on any rank) differs from the reference's initial value."""
+    frozen_total: int
+    """Frozen tensors in the model."""
+    failed: tuple[FailedCheck, ...]
+    """Checks this arm failed, empty when it passed."""
+
+    @property
+    def passed(self) -> bool:
+        """True when the arm failed no check."""
+        return not self.failed
+
+    def row(self) -> list[str]:
+        """This arm's cells in the seed's table layout."""
+        return [
+            self.label,
+            str(self.ranks),
+            str(self.global_batch),
+            "pass" if self.passed else "FAIL",
+            format_figure(self.pre_norm_rel),
+            format_figure(self.post_norm_rel),
+            format_figure(self.update_rel_l2),
+            format_count(self.frozen_changed, self.frozen_total),
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready figures (non-finite numbers as strings)."""
+        return {
+            "label": self.label,
+            "arm": self.arm,
+            "ranks": self.ranks,
+            "global_batch": self.global_batch,
+            "accumulate": self.accumulate,
+            "fault": self.fault,
+            "strategy": self.strategy,
+            "passed": self.passed,
+            "pre_norm_rel": _json(self.pre_norm_rel),
+            "post_norm_rel": _json(self.post_norm_rel),
+            "update_rel_l2": _json(self.update_rel_l2),
+            "frozen_changed": self.frozen_changed,
+            "frozen_total": self.frozen_total,
+            "failed": [f.to_dict() for f in self.failed],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParityResult:
+    """Every arm's figures against one reference; returned on a pass, attached to the error on a failure."""
+
+    rtol: float
+    """Relative tolerance every figure was held to."""
+    reference: str
+    """One line describing the reference arm (device, global batch, steps, seed)."""
+    arms: tuple[ArmParity, ...]
+    """One entry per compared arm, in the order given."""
+
+    @property
+    def passed(self) -> bool:
+        """True when every arm passed every check."""
+        return all(a.passed for a in self.arms)
+
+    @property
+    def failed(self) -> tuple[FailedCheck, ...]:
+        """Every failed check of every arm."""
+        return tuple(f for a in self.arms for f in a.failed)
+
+    def table(self) -> str:
+        """The seed's FP32 table: arm, ranks, global batch, result and the four figures."""
+        return render_table(_HEADERS, [a.row() for a in self.arms])
+
+    def report(self) -> str:
+        """Heading, table and one line per failed check: the text of the AssertionError."""
+        bad = [a for a in self.arms if not a.passed]
+        verdict = "passed" if not bad else f"failed: {len(bad)} of {len(self.arms)} arms"
+        lines = [f"FP32 parity {verdict} (rtol {format_figure(self.rtol)}; reference: {self.reference})", "", self.table()]
+        if bad:
+            lines += ["", "Failed checks:"]
+            lines += [f"  {f.arm}: {f.check}: {f.detail}" for f in self.failed]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready result for ``--sprite-report``."""
+        return {
+            "kind": "parity",
+            "rtol": self.rtol,
+            "reference": self.reference,
+            "passed": self.passed,
+            "arms": [a.to_dict() for a in self.arms],
+        }
+
+
+def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> ParityResult:
+    """Require every arm to match the single-device FP32 reference within ``rtol``; return the figures.
+
+    Raises :class:`ParityError` (an ``AssertionError``) with the seed's table when any arm fails a check,
+    and :class:`ParityRefused` when the records cannot be compared at all.
+    """
+    _check_inputs(ref, arms, rtol)
+    result = ParityResult(
+        rtol=rtol,
+        reference=(
+            f"single on 1 {ref.device_type} device, global batch {ref.recipe.global_batch}, "
+            f"{ref.recipe.steps} steps, seed {ref.recipe.seed}, clip {ref.recipe.clip:g}, lr {ref.recipe.lr:g}"
+        ),
+        arms=tuple(_compare(ref, arm, rtol) for arm in arms),
+    )
+    if not result.passed:
+        raise ParityError(result.report(), failed=result.failed, result=result)
+    return result
+
+
+def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
+    if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
+        raise ParityRefused(f"rtol must be a number in (0, 1), got {rtol!r}; the seed's FP32 rule uses rtol=1e-4")
+    if ref is None:
+        raise ParityRefused(
+            "assert_parity needs the single-device reference first, got None; "
+            'pass lora_qwen.run("single") as the first argument'
+        )
+    for i, rec in enumerate([ref, *arms]):
+        if not isinstance(rec, ArmRecord):
+            what = "the reference" if i == 0 else f"arm {i}"
+            raise ParityRefused(
+                f"{what} must be an ArmRecord (from lora_qwen.run(...) or load_arm_record), got {type(rec).__name__}"
+            )
+    assert isinstance(ref, ArmRecord)  # narrowed above, for the type checker
+    if not arms:
+        raise ParityRefused(
+            'assert_parity needs at least one arm to compare with the reference, e.g. lora_qwen.run("ddp")'
+        )
+    if ref.arm != "single" or ref.world_size != 1:
+        raise ParityRefused(
+            f"the reference must be the 'single' arm on 1 device, got {ref.arm!r} on {ref.world_size}; "
+            'pass lora_qwen.run("single") first'
+        )
+    if ref.fault is not None:
+        raise ParityRefused(f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms")
+    for rec in [ref, *arms]:
+        assert isinstance(rec, ArmRecord)
+        if rec.precision != FP32_PRECISION:
+            raise ParityRefused(
+                f"assert_parity is the FP32 check: arm {rec.label!r} ran precision={rec.precision!r}, allowed: "
+                f"{FP32_PRECISION!r}; judge BF16 arms with the BF16 criterion"
+            )
+        if rec.arm in DISTRIBUTED_ARMS and rec.world_size < 2:
+            raise ParityRefused(
+                f"arm {rec.label!r} is distributed but ran on {rec.world_size} device; a one-device run proves "
+                "nothing about synchronization: run it in a test marked @pytest.mark.ranks(n) with n >= 2"
+            )
+        diffs = ref.recipe.differences(rec.recipe)
+        if diffs:
+            raise ParityRefused(
+                f"arm {rec.label!r} ran a different recipe than the reference ({'; '.join(diffs)}; "
+                "reference first); run every arm from the same lora_qwen with the same steps, global_batch and clip"
+            )
+        if rec.trainable_names != ref.trainable_names or rec.frozen_names != ref.frozen_names:
+            raise ParityRefused(
+                f"arm {rec.label!r} has other parameter names than the reference "
+                f"({len(rec.trainable_names)} trainable / {len(rec.frozen_names)} frozen against "
+                f"{len(ref.trainable_names)} / {len(ref.frozen_names)}); the strategy must keep the model's names"
+            )
+    clip = ref.recipe.clip
+    for step, (norm,) in enumerate(ref.pre_clip_norms):
+        if not norm > clip:
+            raise ParityRefused(
+                f"the clip is not active in the reference at step {step}: pre-clip norm {norm:.6g} <= clip {clip:g}; "
+                "the seed's rule needs an active global-norm clip at every step: pass a smaller clip="
+            )
+
+
+def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
+    failed: list[FailedCheck] = []
+
+    def fail(check: str, detail: str) -> None:
+        failed.append(FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail))
+
+    initial_bad = [
+        n for n in ref.trainable_names if not _bit_equal(arm.initial_trainable[n], ref.initial_trainable[n])
+    ]
+    initial_bad += [n for n in ref.frozen_names if arm.frozen_initial.get(n) != ref.frozen_initial.get(n)]
+    if initial_bad:
+        fail(
+            "initial",
+            f"{len(initial_bad)} tensors differ from the reference before the first step "
+            f"(first: {initial_bad[0]}); every arm must start from bit-identical weights",
+        )
+
+    for step, (ref_rows, per_rank) in enumerate(zip(ref.rows_seen, arm.rows_seen)):
+        detail = _rows_problem(ref_rows[0], per_rank)
+        if detail:
+            fail("rows", f"step {step}: {detail}")
+            break
+
+    pre = _norm_rel(ref.pre_clip_norms, arm.pre_clip_norms)
+    if not pre[0] <= rtol:
+        fail("pre_norm", _norm_detail(pre, rtol))
+    post = _norm_rel(ref.post_clip_norms, arm.post_clip_norms)
+    if not post[0] <= rtol:
+        fail("post_norm", _norm_detail(post, rtol))
+
+    update_rel = _update_rel(ref, arm)
+    if not update_rel <= rtol:
+        fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {format_figure(rtol)}")
+
+    changed = [
+        n
+        for n in ref.frozen_names
+        if any(rank_digests.get(n) != ref.frozen_initial[n] for rank_digests in arm.frozen_final)
+    ]
+    if changed:
+        fail(
+            "frozen",
+            f"{format_count(len(changed), len(ref.frozen_names))} frozen tensors changed "
+            f"(first: {changed[0]}); frozen weights must never move",
+        )
+
+    groups = _rank_groups(arm.final_trainable_digests)
+    if len(groups) > 1:
+        fail(
+            "synchronized",
+            "final trainables are not bitwise equal on every rank: "
+            + " | ".join(f"ranks {_ranks_text(g)}" for g in groups)
+            + " hold different values; a tensor is left out of gradient synchronization",
+        )
+
+    return ArmParity(
+        label=arm.label,
+        arm=arm.arm,
+        ranks=arm.world_size,
+        global_batch=arm.recipe.global_batch,
+        accumulate=arm.accumulate,
+        fault=arm.fault,
+        strategy=arm.strategy,
+        pre_norm_rel=pre[0],
+        post_norm_rel=post[0],
+        update_rel_l2=update_rel,
+        frozen_changed=len(changed),
+        frozen_total=len(ref.frozen_names),
+        failed=tuple(failed),
+    )
+
+
+def _rel(value: float, reference: float) -> float:
+    if value == reference:
+        return 0.0
+    if reference == 0 or not math.isfinite(reference):
+        return math.inf
+    rel = abs(value - reference) / abs(reference)
+    return rel if math.isfinite(rel) else math.inf
+
+
+def _norm_rel(
+    ref: tuple[tuple[float, ...], ...], arm: tuple[tuple[float, ...], ...]
+) -> tuple[float, int, int, float, float]:
+    """Largest relative error over steps and ranks, with where it occurs and both values."""
+    worst = (-1.0, 0, 0, math.nan, math.nan)
+    for step, (ref_step, arm_step) in enumerate(zip(ref, arm)):
+        for rank, value in enumerate(arm_step):
+            rel = _rel(value, ref_step[0])
+            if math.isnan(value):
+                rel = math.inf
+            if rel > worst[0]:
+                worst = (rel, step, rank, value, ref_step[0])
+    return worst if worst[0] >= 0 else (0.0, 0, 0, math.nan, math.nan)
+
+
+def _norm_detail(worst: tuple[float, int, int, float, float], rtol: float) -> str:
+    rel, step, rank, value, reference = worst
+    return (
+        f"step {step}, rank {rank}: {value:.6g} against reference {reference:.6g}, "
+        f"rel {format_figure(rel)} > rtol {format_figure(rtol)}"
+    )
+
+
+def _update_rel(ref: ArmRecord, arm: ArmRecord) -> float:
+    ref_update = ref.update_vector()
+    arm_update = arm.update_vector()
+    if arm_update.shape != ref_update.shape:
+        return math.inf
+    diff = float((arm_update - ref_update).norm())
+    base = float(ref_update.norm())
+    if diff == 0:
+        return 0.0
+    if base == 0 or not math.isfinite(diff):
+        return math.inf
+    return diff / base
+
+
+def _bit_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _rows_problem(reference: tuple[int, ...], per_rank: tuple[tuple[int, ...], ...]) -> str | None:
+    seen = sorted(i for rank_rows in per_rank for i in rank_rows)
+    expected = sorted(reference)
+    if seen == expected:
+        return None
+    counts: dict[int, int] = {}
+    for i in seen:
+        counts[i] = counts.get(i, 0) + 1
+    repeated = sorted(i for i, c in counts.items() if c > 1)
+    missing = sorted(set(expected) - set(counts))
+    foreign = sorted(set(counts) - set(expected))
+    parts = [f"trained {len(seen)} rows, the reference {len(expected)} ({_ids(expected)})"]
+    if repeated:
+        parts.append(f"rows read by more than one rank: {_ids(repeated)}")
+    if missing:
+        parts.append(f"rows no rank read: {_ids(missing)}")
+    if foreign:
+        parts.append(f"rows outside this step: {_ids(foreign)}")
+    same = len(per_rank) > 1 and all(r == per_rank[0] for r in per_rank)
+    if same:
+        parts.append("every rank read the same rows: the sampler ignores the rank")
+    return "; ".join(parts)
+
+
+def _ids(ids: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(i) for i in ids[:limit])
+    return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+
+
+def _rank_groups(digests: tuple[str, ...]) -> list[list[int]]:
+    groups: dict[str, list[int]] = {}
+    for rank, digest in enumerate(digests):
+        groups.setdefault(digest, []).append(rank)
+    return list(groups.values())
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``0-3`` for a run of ranks, ``0, 2`` otherwise."""
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(str(r) for r in ranks)
+
+
+def _json(x: float) -> float | str:
+    return x if math.isfinite(x) else repr(x)

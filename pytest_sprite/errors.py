@@ -1,0 +1,25 @@
+"""Exceptions users may catch.
+
+Every message says what was given, what is allowed and how to fix it, and names the source
+(an option, a marker, an environment variable).
+"""
+
+from __future__ import annotations
+
+__all__ = ["LaunchError", "RankEnvError", "SpriteError", "SpriteUsageError"]
+
+
+class SpriteError(Exception):
+    """Base class of every error pytest-sprite raises on purpose."""
+
+
+class SpriteUsageError(SpriteError, ValueError):
+    """Bad input from the user: an option, a marker argument, an API argument."""
+
+
+class RankEnvError(SpriteError, RuntimeError):
+    """Launcher rank variables are missing or disagree, so this process cannot know its rank."""
+
+
+class LaunchError(SpriteError, RuntimeError):
+    """The launcher could not start the rank agents, or lost them."""

@@ -1,0 +1,1 @@
+"""Controller side: starting rank agents, driving ranks tests, merging their reports."""

@@ -1,0 +1,87 @@
+"""``--launcher=local``: the agents are forks of the controller, made after collection.
+
+Nothing is imported or collected twice: each agent already holds the session's items.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from ..._timing import monotonic, sleep
+from .base import LaunchHandle, LaunchRequest, tail_of_file
+
+__all__ = ["LocalLauncher"]
+
+
+class _ForkedAgents:
+    def __init__(self, pids: list[int], request: LaunchRequest) -> None:
+        self.pids = pids
+        self.request = request
+        self.status: dict[int, int] = {}
+
+    def _reap(self) -> None:
+        for pid in self.pids:
+            if pid in self.status:
+                continue
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                self.status[pid] = 0
+                continue
+            if done:
+                self.status[pid] = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        self._reap()
+        failed = [code for code in self.status.values() if code != 0]
+        if failed:
+            return failed[0]
+        return 0 if len(self.status) == len(self.pids) else None
+
+    def output_tail(self, lines: int = 40) -> str:
+        return tail_of_file(self.request.log_path, lines)
+
+    def terminate(self, grace: float = 5.0) -> None:
+        self._reap()
+        live = [pid for pid in self.pids if pid not in self.status]
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for pid in live:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = monotonic() + wait
+            while live and monotonic() < deadline:
+                self._reap()
+                live = [pid for pid in live if pid not in self.status]
+                if live:
+                    sleep(0.02)
+            if not live:
+                break
+
+
+class LocalLauncher:
+    """Forks W agents of this very process (one host, no external launcher)."""
+
+    name = "local"
+    spans_nodes = False
+
+    def check(self) -> None:
+        """Always available on POSIX."""
+
+    def launch(self, request: LaunchRequest) -> LaunchHandle:
+        if request.fork_agent is None:
+            raise ValueError("the local launcher needs LaunchRequest.fork_agent")
+        request.log_path.parent.mkdir(parents=True, exist_ok=True)
+        pids = []
+        for rank in range(request.world_size):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the controller, which ends the agents
+                    request.fork_agent(rank)
+                finally:
+                    os._exit(1)
+            pids.append(pid)
+        return _ForkedAgents(pids, request)

@@ -1,0 +1,249 @@
+"""Pure merging of N per-rank results into the one result pytest reports.
+
+A phase fails if any rank failed it; it is skipped only if every rank that reached it skipped it.
+Failures are shown per rank, identical ones folded ("ranks 0-3"). A rank that died or was ended
+gets a synthesized failed report for the phase it was in. Unit-tested without processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from _pytest._code.code import ReprFileLocation, TerminalRepr
+from _pytest._io import TerminalWriter
+from _pytest.reports import TestReport
+
+__all__ = [
+    "PHASES",
+    "RankEnd",
+    "RankFailures",
+    "fold_ranks",
+    "merge_rank_reports",
+    "phase_in_progress",
+]
+
+PHASES = ("setup", "call", "teardown")
+Phase = Literal["setup", "call", "teardown"]
+
+
+def fold_ranks(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3]`` -> ``"ranks 0-3"``; ``[1]`` -> ``"rank 1"``; ``[0, 2, 3]`` -> ``"ranks 0, 2-3"``."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        raise ValueError("fold_ranks needs at least one rank")
+    runs: list[tuple[int, int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"rank {text}" if len(ordered) == 1 else f"ranks {text}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEnd:
+    """How one rank's child ended, as its agent saw it."""
+
+    rank: int
+    exitcode: int | None = None
+    """Exit status when it exited by itself."""
+    signal: int | None = None
+    """Signal number when it was killed."""
+    ended_by: Literal["timeout", "peer_failed", "agent_lost", "agent_error"] | None = None
+    """Why the harness ended it (None: it ended by itself)."""
+    detail: str = ""
+    """Human-readable context for ``ended_by`` (timeout value, which ranks failed first)."""
+    output_tail: str = ""
+    """The last lines the child printed (uncaptured output, captured output of the running phase)."""
+    stacks: str = ""
+    """Python stacks of every thread at the moment it was ended (faulthandler)."""
+
+    @property
+    def clean(self) -> bool:
+        """True when the child ran to its normal end."""
+        return self.ended_by is None and self.signal is None and self.exitcode == 0
+
+
+def phase_in_progress(reports: Sequence[TestReport]) -> Phase:
+    """The phase a child was in when it ended, given the reports it had already sent."""
+    done = [r.when for r in reports]
+    if not done:
+        return "setup"
+    last = reports[-1]
+    if last.when == "setup":
+        return "call" if last.passed else "teardown"
+    return "teardown"
+
+
+def _signal_name(signum: int) -> str:
+    import signal as _signal
+
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_end(end: RankEnd, phase: str) -> str:
+    """One-paragraph explanation of an abnormal end, naming the rank, phase and cause."""
+    who = f"rank {end.rank}"
+    if end.ended_by == "timeout":
+        head = f"{who} was still running {end.detail} (during {phase}); its Python stacks at that moment follow"
+    elif end.ended_by == "peer_failed":
+        head = f"{who} was ended during {phase} {end.detail}; its Python stacks at that moment follow"
+    elif end.ended_by == "agent_lost":
+        head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
+    elif end.ended_by == "agent_error":
+        head = f"{who}: its rank agent could not run the test: {end.detail}"
+    elif end.signal is not None:
+        head = f"{who} CRASHED with signal {end.signal} ({_signal_name(end.signal)}) during {phase}"
+    else:
+        head = f"{who} exited with code {end.exitcode} during {phase} before reporting its result"
+    parts = [head]
+    if end.stacks.strip():
+        parts.append(f"--- stacks of {who} (most recent call first) ---\n{end.stacks.rstrip()}")
+    if end.output_tail.strip():
+        parts.append(f"--- last output of {who} ---\n{end.output_tail.rstrip()}")
+    return "\n".join(parts)
+
+
+@dataclass(eq=False)
+class RankFailures(TerminalRepr):
+    """Failures of several ranks, each group under a ``rank N`` / ``ranks 0-3`` header."""
+
+    groups: list[tuple[tuple[int, ...], Any]] = field(default_factory=list)
+    location: tuple[str, int] = ("", 0)
+
+    def toterminal(self, tw: TerminalWriter) -> None:
+        for ranks, longrepr in self.groups:
+            tw.sep("-", fold_ranks(ranks), bold=True, red=True)
+            if hasattr(longrepr, "toterminal"):
+                longrepr.toterminal(tw)
+            else:
+                tw.line(str(longrepr))
+
+    @property
+    def reprcrash(self) -> ReprFileLocation:
+        """Short-summary line: the first group's crash message, prefixed with its ranks."""
+        ranks, longrepr = self.groups[0]
+        crash = getattr(longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(longrepr).strip().splitlines()[0]
+        path = crash.path if crash is not None else self.location[0]
+        lineno = crash.lineno if crash is not None else self.location[1]
+        more = f" (+{len(self.groups) - 1} more)" if len(self.groups) > 1 else ""
+        return ReprFileLocation(path=path, lineno=lineno, message=f"[{fold_ranks(ranks)}] {message}{more}")
+
+
+def _failure_text(longrepr: Any) -> str:
+    return str(longrepr)
+
+
+def _synthesize(template: TestReport | None, nodeid: str, location: Any, keywords: Any, phase: str, text: str) -> TestReport:
+    return TestReport(
+        nodeid=nodeid,
+        location=location,
+        keywords=keywords,
+        outcome="failed",
+        longrepr=text,
+        when=phase,  # type: ignore[arg-type]
+        sections=[],
+        duration=0.0,
+        user_properties=list(template.user_properties) if template else [],
+    )
+
+
+def merge_rank_reports(
+    *,
+    nodeid: str,
+    location: tuple[str, int | None, str],
+    keywords: dict[str, Any],
+    per_rank: dict[int, list[TestReport]],
+    ends: dict[int, RankEnd],
+    world_size: int,
+    failure_order: Sequence[int] = (),
+) -> list[TestReport]:
+    """One report per phase that any rank reached, merged over ranks.
+
+    ``per_rank[r]`` are the reports rank r sent, in order; ``ends[r]`` how its child ended.
+    ``failure_order`` lists ranks in the order they failed: the first failure is shown first,
+    since it is usually the cause and the others its consequence.
+    """
+    by_phase: dict[str, dict[int, TestReport]] = {p: {} for p in PHASES}
+    for rank in range(world_size):
+        reports = list(per_rank.get(rank, []))
+        for rep in reports:
+            by_phase[rep.when][rank] = rep
+        end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
+        if not (reports and reports[-1].when == "teardown"):
+            phase = phase_in_progress(reports)
+            by_phase[phase][rank] = _synthesize(
+                reports[0] if reports else None, nodeid, location, keywords, phase, describe_end(end, phase)
+            )
+    merged = []
+    for phase in PHASES:
+        if by_phase[phase]:
+            merged.append(_merge_phase(phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order))
+    return merged
+
+
+def _merge_phase(
+    phase: str,
+    reps: dict[int, TestReport],
+    nodeid: str,
+    location: Any,
+    keywords: dict[str, Any],
+    world_size: int,
+    failure_order: Sequence[int],
+) -> TestReport:
+    ranks = sorted(reps)
+    base = reps[ranks[0]]
+    failed = [r for r in ranks if reps[r].failed]
+    skipped = [r for r in ranks if reps[r].skipped]
+    sections: list[tuple[str, str]] = []
+    for r in ranks:
+        sections.extend((f"{name} [rank {r}]", content) for name, content in reps[r].sections)
+    user_properties = list(base.user_properties)
+    if phase == "call" or (phase == "setup" and len(reps) and all(not rep.passed for rep in reps.values())):
+        user_properties.extend((f"sprite.rank{r}", reps[r].outcome) for r in ranks)
+        user_properties.append(("sprite.world_size", world_size))
+    duration = max(rep.duration for rep in reps.values())
+    if failed:
+        position = {r: i for i, r in enumerate(failure_order)}
+        failed.sort(key=lambda r: (position.get(r, len(position)), r))
+        groups: dict[str, tuple[list[int], Any]] = {}
+        for r in failed:
+            text = _failure_text(reps[r].longrepr)
+            groups.setdefault(text, ([], reps[r].longrepr))[0].append(r)
+        longrepr: Any = RankFailures(
+            groups=[(tuple(rs), lr) for rs, lr in groups.values()],
+            location=(str(location[0]), int(location[1] or 0) + 1),
+        )
+        if skipped:
+            sections.append(("sprite", f"{fold_ranks(skipped)} skipped this phase"))
+        outcome = "failed"
+    elif len(skipped) == len(ranks):
+        outcome, longrepr = "skipped", base.longrepr
+        if isinstance(longrepr, list):  # JSON turned pytest's (path, lineno, reason) into a list
+            longrepr = tuple(longrepr)
+    else:
+        outcome, longrepr = "passed", None
+        if skipped:
+            sections.append(("sprite", f"{fold_ranks(skipped)} skipped, the others passed"))
+    merged = TestReport(
+        nodeid=nodeid,
+        location=location,
+        keywords=keywords,
+        outcome=outcome,  # type: ignore[arg-type]
+        longrepr=longrepr,
+        when=phase,  # type: ignore[arg-type]
+        sections=sections,
+        duration=duration,
+        user_properties=user_properties,
+    )
+    xfails = [getattr(reps[r], "wasxfail", None) for r in ranks]
+    if not failed and all(x is not None for x in xfails):
+        merged.wasxfail = xfails[0]  # type: ignore[attr-defined]
+    return merged

@@ -1,0 +1,67 @@
+"""pytest11 entry point (``-p no:sprite`` disables it): options, markers, and the controller switch.
+
+Loading this module imports no torch; the controller, agents and children are imported only when
+a session needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ._markers import PARAM_NAME, parse_ranks_marker
+from ._settings import Settings, register_options, settings_key
+from .errors import SpriteUsageError
+
+pytest_plugins = ["pytest_sprite.fixtures"]
+
+RANKS_MARKER_HELP = (
+    "ranks(n, timeout=None): run the test body on n ranks, each a fresh process with torch.distributed "
+    "initialized; ranks([1, 2, 4]) parametrizes over world sizes; timeout= seconds overrides --rank-timeout."
+)
+CPU_MARKER_HELP = "cpu: the test needs no accelerator (select CI's suite with -m cpu)."
+XPU_MARKER_HELP = "xpu: the test needs Intel XPU tiles (not run in CI)."
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    register_options(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP):
+        config.addinivalue_line("markers", line)
+    try:
+        settings = Settings.from_config(config)
+    except SpriteUsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[settings_key] = settings
+    agent_address = config.getoption("sprite_agent", None)
+    if agent_address:
+        from .rank.main import AgentSessionPlugin
+
+        config.pluginmanager.register(AgentSessionPlugin(config, agent_address), "sprite-agent")
+    else:
+        from .launch.controller import Controller
+
+        config.pluginmanager.register(Controller(config, settings), "sprite-controller")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Validate every ranks marker at collection; the list form parametrizes over world sizes."""
+    mark = metafunc.definition.get_closest_marker("ranks")
+    if mark is None:
+        return
+    try:
+        spec = parse_ranks_marker(mark.args, dict(mark.kwargs), metafunc.definition.nodeid)
+    except SpriteUsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if spec.parametrized:
+        metafunc.fixturenames.append(PARAM_NAME)
+        metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks={n}" for n in spec.sizes], indirect=True)
+
+
+@pytest.fixture
+def _sprite_world_size(request: pytest.FixtureRequest) -> Any:
+    """The world size of a ``ranks([...])`` parametrized test (hidden)."""
+    return request.param

@@ -1,0 +1,262 @@
+"""Rank agent: one per rank for the whole session; forks a fresh child for every ranks test.
+
+The agent never touches a device. It relays its child's frames to the controller unchanged, watches
+the child's exit, and on the controller's ``abort`` takes the child's Python stacks (faulthandler on
+SIGUSR1) before killing it. Depends on nothing of the controller side.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._stacks import strip_harness_frames, tail_lines
+from .._timing import monotonic, sleep
+from .._wire import FrameReader, recv_frame, send_frame
+
+if TYPE_CHECKING:
+    import pytest
+
+__all__ = ["Agent", "connect_to_controller"]
+
+STACK_SIGNAL = signal.SIGUSR1
+_TAIL_LINES = 40
+
+
+@dataclass
+class _Child:
+    run_id: int
+    pid: int
+    rfd: int
+    run_dir: Path
+    reader: FrameReader = field(default_factory=FrameReader)
+    eof: bool = False
+    ended_by: str | None = None
+    detail: str = ""
+    status: int | None = None
+
+
+def connect_to_controller(host: str, port: int, timeout: float = 60.0) -> socket.socket:
+    """Connect to the controller, retrying while it is not yet listening."""
+    deadline = monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=10.0)
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except OSError:
+            if monotonic() > deadline:
+                raise
+            sleep(0.2)
+
+
+def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
+    try:
+        data = path.read_bytes()[-256 * 1024 :].decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return tail_lines(strip_harness_frames(data), lines)
+
+
+class Agent:
+    """Serves the controller's commands for one rank until ``shutdown`` or the controller goes away."""
+
+    def __init__(
+        self,
+        *,
+        config: pytest.Config,
+        items: Mapping[str, pytest.Item],
+        rank: int,
+        sock: socket.socket,
+    ) -> None:
+        self.config = config
+        self.items = items
+        self.rank = rank
+        self.sock = sock
+        self.child: _Child | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run commands until told to stop; always reaps the child and removes the work dir."""
+        try:
+            while self._loop_once():
+                pass
+        finally:
+            if self.child is not None:
+                self._kill_child()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _loop_once(self) -> bool:
+        watched: list[Any] = [self.sock]
+        if self.child is not None and not self.child.eof:
+            watched.append(self.child.rfd)
+        readable, _, _ = select.select(watched, [], [], 0.1)
+        if self.child is not None and self.child.rfd in readable:
+            self.child.eof = self._relay_child_output()
+        if self.sock in readable:
+            frame = recv_frame(self.sock)
+            if frame is None:  # the controller went away: nothing left to serve
+                return False
+            command, payload = frame
+            if not self._handle(command, payload):
+                return False
+        if self.child is not None:
+            self._reap_if_exited()
+        return True
+
+    def _handle(self, command: str, payload: dict[str, Any]) -> bool:
+        handler = getattr(self, f"cmd_{command}", None)
+        if handler is None:
+            raise ValueError(f"unknown command from controller: {command!r}")
+        return handler(**payload) is not False
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def cmd_reserve_port(self, host: str) -> None:
+        """Reserve a free port on this host for the next test's rendezvous (rank 0 hosts the store)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+            port = s.getsockname()[1]
+        send_frame(self.sock, "port_reserved", rank=self.rank, port=port)
+
+    def cmd_run(self, run_id: int, nodeid: str, **spec: Any) -> None:
+        """Fork a fresh child that runs ``nodeid`` as rank ``spec['rank']`` of ``spec['world_size']``."""
+        if self.child is not None:  # the controller waits for child_exited; a busy agent is a bug
+            raise RuntimeError(f"rank {self.rank} got a new test while still running run {self.child.run_id}")
+        item = self.items.get(nodeid)
+        if item is None:
+            send_frame(
+                self.sock,
+                "agent_error",
+                run_id=run_id,
+                rank=self.rank,
+                message=f"rank agent {self.rank} did not collect {nodeid!r} (its collection differs from the controller's)",
+            )
+            return
+        run_dir = self.workdir / f"run{run_id}"
+        run_dir.mkdir()
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the test child
+            try:
+                os.close(rfd)
+                self.sock.close()
+                from .child import run_child
+
+                run_child(item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, **spec)
+            finally:
+                os._exit(70)
+        os.close(wfd)
+        os.set_blocking(rfd, False)
+        self.child = _Child(run_id=run_id, pid=pid, rfd=rfd, run_dir=run_dir)
+        send_frame(self.sock, "child_started", run_id=run_id, rank=self.rank, pid=pid)
+
+    def cmd_abort(self, run_id: int, reason: str, detail: str = "") -> None:
+        """Take the child's stacks, then kill it (a timeout, or a peer that failed)."""
+        child = self.child
+        if child is None or child.run_id != run_id or child.ended_by is not None:
+            return
+        child.ended_by, child.detail = reason, detail
+        stacks = child.run_dir / "stacks.txt"
+        try:
+            os.kill(child.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            return
+        # faulthandler writes from its C signal handler; wait until the file stops growing.
+        last, stable_since, deadline = -1, monotonic(), monotonic() + 3.0
+        while monotonic() < deadline:
+            size = stacks.stat().st_size if stacks.exists() else 0
+            if size != last:
+                last, stable_since = size, monotonic()
+            elif size > 0 and monotonic() - stable_since > 0.2:
+                break
+            sleep(0.05)
+        self._kill_child(wait=False)
+
+    def cmd_shutdown(self) -> bool:
+        """End the loop."""
+        return False
+
+    # -- child handling -------------------------------------------------------------------------
+
+    def _relay_child_output(self) -> bool:
+        """Forward complete frames from the child's pipe; True once the pipe reached EOF."""
+        child = self.child
+        assert child is not None
+        while True:
+            try:
+                data = os.read(child.rfd, 1 << 16)
+            except BlockingIOError:
+                return False
+            except OSError:
+                return True
+            if not data:
+                return True
+            for frame in child.reader.feed(data):
+                self.sock.sendall(frame)
+
+    def _reap_if_exited(self) -> None:
+        child = self.child
+        assert child is not None
+        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        if pid == 0:
+            return
+        child.status = status
+        self._relay_child_output()
+        self._finish_child()
+
+    def _kill_child(self, wait: bool = True) -> None:
+        child = self.child
+        if child is None:
+            return
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if wait:
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+            os.close(child.rfd)
+            self.child = None
+
+    def _finish_child(self) -> None:
+        child = self.child
+        assert child is not None and child.status is not None
+        status = child.status
+        exitcode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        tails = []
+        for name, label in (("output.log", "uncaptured output"), ("capture-out.log", "stdout"), ("capture-err.log", "stderr")):
+            text = _tail(child.run_dir / name)
+            if text.strip():
+                tails.append(f"[{label}]\n{text}")
+        stacks_file = child.run_dir / "stacks.txt"
+        stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
+        send_frame(
+            self.sock,
+            "child_exited",
+            run_id=child.run_id,
+            rank=self.rank,
+            exitcode=exitcode,
+            signal=None if child.ended_by else signum,
+            ended_by=child.ended_by,
+            detail=child.detail,
+            output_tail="\n".join(tails),
+            stacks=stacks,
+        )
+        os.close(child.rfd)
+        shutil.rmtree(child.run_dir, ignore_errors=True)
+        self.child = None

@@ -1,0 +1,228 @@
+"""Test child: one fresh process per rank per ranks test.
+
+Initializes the device and the default process group, runs pytest's own protocol for the item
+(``runtestprotocol(item, log=False)``), streams each report to its agent as soon as it is made, and
+ends with ``os._exit`` so no exit handler can turn a passed test into a crash (the seed's Aurora
+FSDP2 + Triton exit segfault).
+"""
+
+from __future__ import annotations
+
+import base64
+import faulthandler
+import io
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import pytest
+
+from .. import world as _world
+from .._device import select_device
+from .._wire import encode_frame
+from ..world import World
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ChildSpec", "run_child"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildSpec:
+    """Where this child sits in the test's world (sent by the controller with ``run``)."""
+
+    run_id: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    node: int
+    master_addr: str
+    master_port: int
+    device: str
+    timeout: float
+
+
+class _Channel:
+    """Frames from this child to its agent, which relays them to the controller."""
+
+    def __init__(self, fd: int, spec: ChildSpec) -> None:
+        self.fd = fd
+        self.spec = spec
+
+    def send(self, event: str, **payload: Any) -> None:
+        data = encode_frame(event, {"run_id": self.spec.run_id, "rank": self.spec.rank, **payload})
+        view = memoryview(data)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+
+    def collect(self, name: str, rank: int, tensor: torch.Tensor) -> None:
+        import torch
+
+        buf = io.BytesIO()
+        torch.save(tensor, buf)
+        self.send("collected", name=name, tensor=base64.b64encode(buf.getvalue()).decode("ascii"))
+
+
+class ChildSession:
+    """Pytest hooks active inside a test child only."""
+
+    def __init__(self, channel: _Channel, spec: ChildSpec) -> None:
+        self.channel = channel
+        self.spec = spec
+
+    @pytest.hookimpl
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Initialize device and process group before fixtures, so a failure is a setup error."""
+        _world._set_current(self._init_world())
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        data = item.config.hook.pytest_report_to_serializable(config=item.config, report=report)
+        self.channel.send("report", report=data)
+        return report
+
+    def _init_world(self) -> World:
+        import torch
+        import torch.distributed as dist
+
+        spec = self.spec
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_size))
+        device, backend = select_device(spec.device, spec.local_rank, spec.local_size)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+                rank=spec.rank,
+                world_size=spec.world_size,
+                timeout=timedelta(seconds=spec.timeout + 60),
+            )
+        return World(
+            rank=spec.rank,
+            size=spec.world_size,
+            local_rank=spec.local_rank,
+            local_size=spec.local_size,
+            node=spec.node,
+            device=device,
+            backend=backend,
+            _sink=self.channel.collect,
+        )
+
+
+def _redirect_output(run_dir: Path) -> None:
+    """Send fd 1 and 2 to a file the agent can read after a crash."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(run_dir / "output.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+
+
+def _install_stack_dumps(run_dir: Path) -> None:
+    """Crash tracebacks go to the output file; SIGUSR1 (the agent's abort) dumps every thread's stack."""
+    output = open(run_dir / "output.log", "a")  # kept open for the life of the child
+    faulthandler.enable(file=output, all_threads=True)
+    stacks = open(run_dir / "stacks.txt", "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
+    _KEEP.extend([output, stacks])
+
+
+_KEEP: list[Any] = []
+
+
+def _export_env(spec: ChildSpec) -> None:
+    """The variables torchrun would set, so a Lightning Trainer(devices=n) uses these processes."""
+    os.environ.update(
+        RANK=str(spec.rank),
+        LOCAL_RANK=str(spec.local_rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_WORLD_SIZE=str(spec.local_size),
+        NODE_RANK=str(spec.node),
+        GROUP_RANK=str(spec.node),
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+    )
+
+
+def _fresh_pytest_state(item: pytest.Item) -> None:
+    """Forget fixtures and setup state inherited through fork: every child sets up its own."""
+    from _pytest.runner import SetupState
+
+    session = item.session
+    session._setupstate = SetupState()  # type: ignore[attr-defined]
+    for defs in session._fixturemanager._arg2fixturedefs.values():  # type: ignore[attr-defined]
+        for fixturedef in defs:
+            fixturedef.cached_result = None
+            fixturedef._finalizers.clear()
+    # No debugger prompt in a rank without a terminal.
+    for name in ("pdbinvoke", "pdbtrace"):
+        plugin = item.config.pluginmanager.get_plugin(name)
+        if plugin is not None:
+            item.config.pluginmanager.unregister(plugin)
+
+
+def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
+    """Point pytest's fd capture at named files, so a crash's captured output can be read back.
+
+    pytest snapshots and truncates these per phase; after a crash they hold the running phase's
+    output. Best effort: other capture modes keep pytest's own temporary files.
+    """
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    capturing = getattr(capman, "_global_capturing", None)
+    from _pytest.capture import EncodedFile, FDCapture
+
+    for attr, name in (("out", "capture-out.log"), ("err", "capture-err.log")):
+        cap = getattr(capturing, attr, None)
+        if not isinstance(cap, FDCapture) or cap._state != "suspended":
+            continue
+        new = EncodedFile(
+            open(run_dir / name, "w+b", buffering=0), encoding="utf-8", errors="replace", newline="", write_through=True
+        )
+        cap.tmpfile.close()
+        cap.tmpfile = new
+        if getattr(cap.syscapture, "tmpfile", None) is not None:
+            cap.syscapture.tmpfile = new
+
+
+def run_child(*, item: pytest.Item, write_fd: int, run_dir: Path, run_id: int, **spec_fields: Any) -> NoReturn:
+    """Run one item as one rank and end the process; never returns."""
+    code = 0
+    spec = ChildSpec(run_id=run_id, **spec_fields)
+    channel = _Channel(write_fd, spec)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _redirect_output(run_dir)
+        _install_stack_dumps(run_dir)
+        _export_env(spec)
+        _fresh_pytest_state(item)
+        _capture_to_files(item.config, run_dir)
+        item.config.pluginmanager.register(ChildSession(channel, spec), "sprite-child")
+        from _pytest.runner import runtestprotocol
+
+        runtestprotocol(item, log=False, nextitem=None)
+    except KeyboardInterrupt:
+        channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec.rank}")
+        code = 2
+    except BaseException:
+        traceback.print_exc()
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

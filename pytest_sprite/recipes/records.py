@@ -1,0 +1,237 @@
+"""What one arm of a parity run leaves behind: figures, tensors and digests, the same on every rank.
+
+An arm record is the unit the assertions judge. It is built inside a ranks test, shared to every rank
+(so every rank reaches the same verdict), optionally written under ``--sprite-artifacts`` and read back
+offline with :func:`load_arm_record`. Torch is imported only where tensors are touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from pytest_sprite.errors import SpriteUsageError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ARMS", "DISTRIBUTED_ARMS", "ArmName", "ArmRecord", "RecipeIdentity", "tensor_digest"]
+
+ArmName = Literal["single", "ddp", "fsdp"]
+ARMS: tuple[str, ...] = ("single", "ddp", "fsdp")
+"""Every arm a recipe runs: the one-device reference and the two code-under-test strategies."""
+DISTRIBUTED_ARMS: tuple[str, ...] = ("ddp", "fsdp")
+"""Arms that must run on more than one device to mean anything."""
+
+_RECORD_FORMAT = 1
+
+
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's dtype, shape and bytes: equal digests mean bit-identical tensors."""
+    import torch
+
+    t = tensor.detach().to("cpu").contiguous()
+    h = hashlib.sha256(f"{t.dtype}:{tuple(t.shape)}:".encode())
+    if t.numel():
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeIdentity:
+    """Everything two arms must share for a comparison between them to mean anything.
+
+    Two records whose identities differ are refused by the assertions instead of compared.
+    """
+
+    model: str
+    """Which backbone: ``tiny-qwen2:<config digest>`` or ``<path>:<config digest>`` for real weights."""
+    seed: int
+    """Seed of the initial weights (lora_B always uses its own seed 1) and of the rows."""
+    rows: int
+    """Rows in the whole run: steps x global batch."""
+    rows_digest: str
+    """SHA-256 of every row's tokens and label, so that same-sized but different data is told apart."""
+    seq_len: int
+    """Tokens per row."""
+    steps: int
+    """Optimizer steps."""
+    global_batch: int
+    """Rows per optimizer step, summed over ranks and micro-batches."""
+    lr: float
+    """SGD learning rate."""
+    clip: float
+    """Global gradient-norm clip."""
+
+    def differences(self, other: RecipeIdentity) -> list[str]:
+        """Human-readable ``field: mine != theirs`` lines, empty when the identities agree."""
+        return [
+            f"{f.name}: {getattr(self, f.name)!r} != {getattr(other, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        ]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ArmRecord:
+    """One arm's run of the recipe, identical on every rank after the arm returns.
+
+    Per-step lists are indexed ``[step][rank]``. Trainable tensors are full (gathered) CPU tensors
+    taken on rank 0; every rank's final trainables are summarized by a digest so replicas that drift
+    apart are visible without storing each rank's copy.
+    """
+
+    arm: str
+    """``single``, ``ddp`` or ``fsdp``."""
+    recipe: RecipeIdentity
+    """What the arm ran; arms are only compared when these agree."""
+    world_size: int
+    """Ranks (devices) the arm ran on; 1 for ``single``."""
+    device_type: str
+    """``cpu``, ``cuda`` or ``xpu``."""
+    precision: str
+    """Lightning precision flag, e.g. ``32-true``."""
+    accumulate: int
+    """Micro-batches accumulated per optimizer step."""
+    fault: str | None
+    """Planted fault (a name from the fault catalogue), None for a clean arm."""
+    strategy: str
+    """Qualified class name of the Lightning strategy that ran the arm."""
+    trainable_names: tuple[str, ...]
+    """Names of the trainable tensors, in parameter order."""
+    frozen_names: tuple[str, ...]
+    """Names of the frozen tensors, in parameter order."""
+    pre_clip_norms: tuple[tuple[float, ...], ...]
+    """Global gradient norm before clipping, ``[step][rank]``."""
+    post_clip_norms: tuple[tuple[float, ...], ...]
+    """Global gradient norm after clipping (what the optimizer used), ``[step][rank]``."""
+    rows_seen: tuple[tuple[tuple[int, ...], ...], ...]
+    """Row ids each rank trained on, ``[step][rank]``, in the order it read them."""
+    initial_trainable: Mapping[str, torch.Tensor] = field(repr=False)
+    """Full trainable tensors before the first step (rank 0, CPU, FP32 as trained)."""
+    final_trainable: Mapping[str, torch.Tensor] = field(repr=False)
+    """Full trainable tensors after the last step (rank 0, CPU)."""
+    final_trainable_digests: tuple[str, ...]
+    """Per rank: one digest over all full final trainables; differing digests mean unsynchronized replicas."""
+    frozen_initial: Mapping[str, str] = field(repr=False)
+    """Digest of every frozen tensor before the first step (rank 0)."""
+    frozen_final: tuple[Mapping[str, str], ...] = field(repr=False)
+    """Per rank: digest of every frozen tensor after the last step."""
+    wall_s: float = 0.0
+    """Wall time of the arm, seconds (fit plus gathering the record)."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.arm not in ARMS:
+            problems.append(f"arm={self.arm!r} is not one of {', '.join(ARMS)}")
+        if self.world_size < 1:
+            problems.append(f"world_size={self.world_size} must be at least 1")
+        steps = self.recipe.steps
+        for name in ("pre_clip_norms", "post_clip_norms", "rows_seen"):
+            per_step = getattr(self, name)
+            if len(per_step) != steps:
+                problems.append(f"{name} has {len(per_step)} steps, the recipe has {steps}")
+            elif any(len(per_rank) != self.world_size for per_rank in per_step):
+                problems.append(f"{name} must hold one entry per rank ({self.world_size}) at every step")
+        if len(self.final_trainable_digests) != self.world_size:
+            problems.append(
+                f"final_trainable_digests has {len(self.final_trainable_digests)} ranks, world_size is {self.world_size}"
+            )
+        if len(self.frozen_final) != self.world_size:
+            problems.append(f"frozen_final has {len(self.frozen_final)} ranks, world_size is {self.world_size}")
+        for name in ("initial_trainable", "final_trainable"):
+            if tuple(getattr(self, name)) != self.trainable_names:
+                problems.append(f"{name} must hold exactly trainable_names, in order")
+        if problems:
+            raise SpriteUsageError("inconsistent ArmRecord: " + "; ".join(problems))
+
+    @property
+    def label(self) -> str:
+        """Arm name with what sets it apart: ``ddp``, ``ddp (accumulate 2)``, ``fsdp (fault missing-rank)``."""
+        extra = []
+        if self.accumulate != 1:
+            extra.append(f"accumulate {self.accumulate}")
+        if self.fault is not None:
+            extra.append(f"fault {self.fault}")
+        return f"{self.arm} ({', '.join(extra)})" if extra else self.arm
+
+    def update_vector(self) -> torch.Tensor:
+        """All trainables' whole-run update (final - initial), flattened in name order, float64."""
+        import torch
+
+        parts = [
+            (self.final_trainable[n].double() - self.initial_trainable[n].double()).reshape(-1)
+            for n in self.trainable_names
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
+        return {
+            "format": _RECORD_FORMAT,
+            "arm": self.arm,
+            "recipe": {f.name: getattr(self.recipe, f.name) for f in fields(self.recipe)},
+            "world_size": self.world_size,
+            "device_type": self.device_type,
+            "precision": self.precision,
+            "accumulate": self.accumulate,
+            "fault": self.fault,
+            "strategy": self.strategy,
+            "trainable_names": list(self.trainable_names),
+            "frozen_names": list(self.frozen_names),
+            "pre_clip_norms": [list(s) for s in self.pre_clip_norms],
+            "post_clip_norms": [list(s) for s in self.post_clip_norms],
+            "rows_seen": [[list(r) for r in s] for s in self.rows_seen],
+            "initial_trainable": dict(self.initial_trainable),
+            "final_trainable": dict(self.final_trainable),
+            "final_trainable_digests": list(self.final_trainable_digests),
+            "frozen_initial": dict(self.frozen_initial),
+            "frozen_final": [dict(d) for d in self.frozen_final],
+            "wall_s": self.wall_s,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The figures without tensors: what a JSON report stores next to the tensor file."""
+        data = self.to_dict()
+        for key in ("initial_trainable", "final_trainable", "frozen_initial", "frozen_final"):
+            data.pop(key)
+        data["pre_clip_norms"] = [[_json_float(x) for x in s] for s in self.pre_clip_norms]
+        data["post_clip_norms"] = [[_json_float(x) for x in s] for s in self.post_clip_norms]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArmRecord:
+        """Inverse of :meth:`to_dict`; refuses a record written in another format."""
+        if data.get("format") != _RECORD_FORMAT:
+            raise SpriteUsageError(
+                f"arm record format {data.get('format')!r} is not readable here (this version reads "
+                f"format {_RECORD_FORMAT}); re-run the arm with this version of pytest-sprite"
+            )
+        return cls(
+            arm=data["arm"],
+            recipe=RecipeIdentity(**data["recipe"]),
+            world_size=int(data["world_size"]),
+            device_type=data["device_type"],
+            precision=data["precision"],
+            accumulate=int(data["accumulate"]),
+            fault=data["fault"],
+            strategy=data["strategy"],
+            trainable_names=tuple(data["trainable_names"]),
+            frozen_names=tuple(data["frozen_names"]),
+            pre_clip_norms=tuple(tuple(float(x) for x in s) for s in data["pre_clip_norms"]),
+            post_clip_norms=tuple(tuple(float(x) for x in s) for s in data["post_clip_norms"]),
+            rows_seen=tuple(tuple(tuple(int(i) for i in r) for r in s) for s in data["rows_seen"]),
+            initial_trainable=dict(data["initial_trainable"]),
+            final_trainable=dict(data["final_trainable"]),
+            final_trainable_digests=tuple(data["final_trainable_digests"]),
+            frozen_initial=dict(data["frozen_initial"]),
+            frozen_final=tuple(dict(d) for d in data["frozen_final"]),
+            wall_s=float(data.get("wall_s", 0.0)),
+        )
+
+
+def _json_float(x: float) -> float | str:
+    return x if math.isfinite(x) else repr(x)
