@@ -62,13 +62,17 @@ class PALSEnvironment(ClusterEnvironment):
 
     def set_world_size(self, size: int) -> None:
         # The launch fixes the world; validate_settings reports a Trainer that disagrees with it.
-        _log.debug("PALSEnvironment.set_world_size(%s) ignored: the launcher fixed %s", size, self.world_size())
+        _log.debug(
+            "PALSEnvironment.set_world_size(%s) ignored: the launcher fixed %s", size, self.world_size()
+        )
 
     def global_rank(self) -> int:
         return self._info.rank
 
     def set_global_rank(self, rank: int) -> None:
-        _log.debug("PALSEnvironment.set_global_rank(%s) ignored: the launcher fixed %s", rank, self.global_rank())
+        _log.debug(
+            "PALSEnvironment.set_global_rank(%s) ignored: the launcher fixed %s", rank, self.global_rank()
+        )
 
     def local_rank(self) -> int:
         return self._info.local_rank
