@@ -43,11 +43,13 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """
     for i, row in enumerate(rows):
         if len(row) != len(headers):
-            raise ValueError(f"table row {i} has {len(row)} cells, the header has {len(headers)}: {list(row)!r}")
+            raise ValueError(
+                f"table row {i} has {len(row)} cells, the header has {len(headers)}: {list(row)!r}"
+            )
     widths = [max([len(h)] + [len(r[c]) for r in rows]) for c, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths)).rstrip()
+        return "  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])

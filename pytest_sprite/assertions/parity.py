@@ -22,7 +22,15 @@ from pytest_sprite.recipes.records import DISTRIBUTED_ARMS, ArmRecord
 
 __all__ = ["PARITY_CHECKS", "ArmParity", "ParityError", "ParityRefused", "ParityResult", "assert_parity"]
 
-PARITY_CHECKS: tuple[str, ...] = ("initial", "rows", "pre_norm", "post_norm", "update", "frozen", "synchronized")
+PARITY_CHECKS: tuple[str, ...] = (
+    "initial",
+    "rows",
+    "pre_norm",
+    "post_norm",
+    "update",
+    "frozen",
+    "synchronized",
+)
 """Check names an arm can fail, in the order they are evaluated (``by=`` of ``expect_fault_rejected``)."""
 
 FP32_PRECISION = "32-true"
@@ -145,7 +153,11 @@ class ParityResult:
         """Heading, table and one line per failed check: the text of the AssertionError."""
         bad = [a for a in self.arms if not a.passed]
         verdict = "passed" if not bad else f"failed: {len(bad)} of {len(self.arms)} arms"
-        lines = [f"FP32 parity {verdict} (rtol {format_figure(self.rtol)}; reference: {self.reference})", "", self.table()]
+        lines = [
+            f"FP32 parity {verdict} (rtol {self.rtol:g}; reference: {self.reference})",
+            "",
+            self.table(),
+        ]
         if bad:
             lines += ["", "Failed checks:"]
             lines += [f"  {f.arm}: {f.check}: {f.detail}" for f in self.failed]
@@ -184,7 +196,9 @@ def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> Parit
 
 def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
     if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
-        raise ParityRefused(f"rtol must be a number in (0, 1), got {rtol!r}; the seed's FP32 rule uses rtol=1e-4")
+        raise ParityRefused(
+            f"rtol must be a number in (0, 1), got {rtol!r}; the seed's FP32 rule uses rtol=1e-4"
+        )
     if ref is None:
         raise ParityRefused(
             "assert_parity needs the single-device reference first, got None; "
@@ -207,7 +221,9 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
             'pass lora_qwen.run("single") first'
         )
     if ref.fault is not None:
-        raise ParityRefused(f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms")
+        raise ParityRefused(
+            f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms"
+        )
     for rec in [ref, *arms]:
         assert isinstance(rec, ArmRecord)
         if rec.precision != FP32_PRECISION:
@@ -258,7 +274,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
             f"(first: {initial_bad[0]}); every arm must start from bit-identical weights",
         )
 
-    for step, (ref_rows, per_rank) in enumerate(zip(ref.rows_seen, arm.rows_seen)):
+    for step, (ref_rows, per_rank) in enumerate(zip(ref.rows_seen, arm.rows_seen, strict=True)):
         detail = _rows_problem(ref_rows[0], per_rank)
         if detail:
             fail("rows", f"step {step}: {detail}")
@@ -273,7 +289,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
 
     update_rel = _update_rel(ref, arm)
     if not update_rel <= rtol:
-        fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {format_figure(rtol)}")
+        fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {rtol:g}")
 
     changed = [
         n
@@ -327,7 +343,7 @@ def _norm_rel(
 ) -> tuple[float, int, int, float, float]:
     """Largest relative error over steps and ranks, with where it occurs and both values."""
     worst = (-1.0, 0, 0, math.nan, math.nan)
-    for step, (ref_step, arm_step) in enumerate(zip(ref, arm)):
+    for step, (ref_step, arm_step) in enumerate(zip(ref, arm, strict=True)):
         for rank, value in enumerate(arm_step):
             rel = _rel(value, ref_step[0])
             if math.isnan(value):
@@ -341,7 +357,7 @@ def _norm_detail(worst: tuple[float, int, int, float, float], rtol: float) -> st
     rel, step, rank, value, reference = worst
     return (
         f"step {step}, rank {rank}: {value:.6g} against reference {reference:.6g}, "
-        f"rel {format_figure(rel)} > rtol {format_figure(rtol)}"
+        f"rel {format_figure(rel)} > rtol {rtol:g}"
     )
 
 

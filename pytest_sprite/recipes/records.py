@@ -141,7 +141,9 @@ class ArmRecord:
                 f"final_trainable_digests has {len(self.final_trainable_digests)} ranks, world_size is {self.world_size}"
             )
         if len(self.frozen_final) != self.world_size:
-            problems.append(f"frozen_final has {len(self.frozen_final)} ranks, world_size is {self.world_size}")
+            problems.append(
+                f"frozen_final has {len(self.frozen_final)} ranks, world_size is {self.world_size}"
+            )
         for name in ("initial_trainable", "final_trainable"):
             if tuple(getattr(self, name)) != self.trainable_names:
                 problems.append(f"{name} must hold exactly trainable_names, in order")

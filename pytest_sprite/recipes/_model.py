@@ -1,0 +1,118 @@
+"""The recipe's model and rows; imports torch, transformers and peft, so it is loaded only when a recipe runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import peft
+import torch
+from transformers import Qwen2Config, Qwen2Model
+
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes.lora_qwen import (
+    LORA_B_SEED,
+    LORA_B_STD,
+    LORA_CONFIG,
+    NUM_CLASSES,
+    QWEN_PATH_ENV,
+    TINY_QWEN2,
+)
+
+__all__ = ["LoraQwenClassifier", "Rows", "build_lora_qwen", "make_rows"]
+
+
+class LoraQwenClassifier(torch.nn.Module):
+    """PEFT-wrapped Qwen2 backbone plus a linear head on the last token's hidden state.
+
+    ``_no_split_modules`` is the backbone's, so ``shard_model`` shards each decoder layer and then this root,
+    which also puts the head under ``fully_shard``.
+    """
+
+    def __init__(self, backbone: Any, hidden_size: int, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(hidden_size, num_classes)
+        self._no_split_modules = list(getattr(backbone.get_base_model(), "_no_split_modules", None) or [])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (rows, 2) from the last position (rows have no padding)."""
+        hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
+        return self.head(hidden[:, -1, :])
+
+    @property
+    def vocab_size(self) -> int:
+        """The backbone's vocabulary size (range of the row tokens)."""
+        return int(self.backbone.get_base_model().config.vocab_size)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Rows:
+    """The whole run's rows: row ``i`` is ``(input_ids[i], labels[i])``; step ``s`` trains rows ``s*B .. s*B+B-1``."""
+
+    input_ids: torch.Tensor
+    """int64 token ids, shape (rows, seq_len)."""
+    labels: torch.Tensor
+    """int64 class labels in {0, 1}, shape (rows,)."""
+    digest: str
+    """SHA-256 over tokens and labels."""
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"row": i, "input_ids": self.input_ids[i], "labels": self.labels[i]}
+
+
+def make_rows(*, seed: int, rows: int, seq_len: int, vocab_size: int) -> Rows:
+    """Seeded rows: tokens uniform over the vocabulary, labels uniform in {0, 1}, both int64."""
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (rows, seq_len), generator=gen, dtype=torch.int64)
+    labels = torch.randint(0, NUM_CLASSES, (rows,), generator=gen, dtype=torch.int64)
+    h = hashlib.sha256()
+    h.update(input_ids.numpy().tobytes())
+    h.update(labels.numpy().tobytes())
+    return Rows(input_ids=input_ids, labels=labels, digest=h.hexdigest())
+
+
+def build_lora_qwen(
+    *, seed: int, qwen_path: str | os.PathLike[str] | None = None
+) -> tuple[LoraQwenClassifier, str]:
+    """Build the classifier on CPU in FP32 with seeded weights; return it and its model identity string.
+
+    The global RNG state is left as it was, so building the model does not shift a test's own randomness.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if qwen_path is None:
+            config = Qwen2Config(**TINY_QWEN2)
+            backbone = Qwen2Model(config)
+            where = "tiny-qwen2"
+        else:
+            path = Path(qwen_path)
+            if not (path / "config.json").is_file():
+                raise SpriteUsageError(
+                    f"--qwen-path / {QWEN_PATH_ENV}: {str(qwen_path)!r} is not a model directory (no config.json); "
+                    "pass a directory written by save_pretrained (for example a Qwen2.5-0.5B download), "
+                    "or leave it unset for the tiny in-memory model"
+                )
+            backbone = Qwen2Model.from_pretrained(path, dtype=torch.float32, local_files_only=True)
+            config = backbone.config
+            where = str(path.resolve())
+        backbone = backbone.to(torch.float32)
+        model = LoraQwenClassifier(
+            peft.get_peft_model(backbone, peft.LoraConfig(**LORA_CONFIG)), config.hidden_size
+        )
+    gen = torch.Generator().manual_seed(LORA_B_SEED)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * LORA_B_STD)
+    model.train()
+    config_json = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
+    identity = f"{where}:{hashlib.sha256(config_json.encode()).hexdigest()[:16]}"
+    return model, identity

@@ -1,0 +1,98 @@
+"""``--sprite-artifacts DIR``: every arm's record on disk, in a fresh directory that is never overwritten.
+
+Layout: ``DIR/<test id>/<NN>-<arm>[-acc<k>][-<fault>]/`` holding ``record.pt`` (the full record,
+``torch.load(weights_only=True)``-safe) and ``record.json`` (its figures). ``NN`` counts the arms a test
+ran, so two runs of the same arm in one test get two directories; running the session again into the
+same DIR finds them present and refuses, as the seed's arms refuse to overwrite a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_sprite.errors import SpriteUsageError
+
+if TYPE_CHECKING:
+    from pytest_sprite.recipes.records import ArmRecord
+
+__all__ = ["ArtifactDir", "ArtifactExistsError", "load_arm_record", "test_dir_name"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.=+-]+")
+
+
+class ArtifactExistsError(SpriteUsageError, FileExistsError):
+    """An arm's artifact directory already exists; results are never overwritten."""
+
+
+def test_dir_name(nodeid: str) -> str:
+    """A file-system-safe directory name for a pytest node id (``tests/t.py::test[4]`` -> ``tests_t.py__test_4``)."""
+    name = _UNSAFE.sub("_", nodeid.replace("::", "__")).strip("_.")
+    return name or "test"
+
+
+test_dir_name.__test__ = False  # type: ignore[attr-defined]  # not a pytest test despite the name
+
+
+@dataclass(kw_only=True)
+class ArtifactDir:
+    """Where one test's arms write their records; counts arms so each gets its own fresh directory."""
+
+    root: Path
+    """``--sprite-artifacts`` directory."""
+    test: str
+    """Directory name of the test (see :func:`test_dir_name`)."""
+    _count: int = field(default=0, repr=False)
+
+    @classmethod
+    def for_test(cls, root: str | os.PathLike[str], nodeid: str) -> ArtifactDir:
+        """The artifact directory of the test ``nodeid`` under ``root``."""
+        return cls(root=Path(root), test=test_dir_name(nodeid))
+
+    def next_arm_dir(self, record: ArmRecord) -> Path:
+        """The next fresh directory name for ``record`` (not yet created)."""
+        self._count += 1
+        parts = [f"{self._count:02d}", record.arm]
+        if record.accumulate != 1:
+            parts.append(f"acc{record.accumulate}")
+        if record.fault:
+            parts.append(record.fault)
+        return self.root / self.test / "-".join(parts)
+
+    def write(self, path: Path, record: ArmRecord) -> Path:
+        """Create ``path`` (it must not exist) and write the record into it; return the directory."""
+        import torch
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise ArtifactExistsError(
+                f"--sprite-artifacts: {path} already exists, and an arm never overwrites a result; "
+                "pass a fresh --sprite-artifacts directory or remove the old one"
+            ) from None
+        torch.save(record.to_dict(), path / "record.pt")
+        with open(path / "record.json", "x", encoding="utf-8") as fh:
+            json.dump(record.summary(), fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        return path
+
+
+def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord:
+    """Read an arm record written under ``--sprite-artifacts`` (its directory or its ``record.pt``).
+
+    Records judged offline compare exactly as they did in the test: ``assert_parity(load_arm_record(a), ...)``.
+    """
+    import torch
+
+    from pytest_sprite.recipes.records import ArmRecord
+
+    p = Path(path)
+    file = p / "record.pt" if p.is_dir() else p
+    if not file.is_file():
+        raise SpriteUsageError(f"no arm record at {file}; pass an arm directory under --sprite-artifacts")
+    return ArmRecord.from_dict(torch.load(file, map_location="cpu", weights_only=True))

@@ -1,0 +1,78 @@
+"""The recipe fixtures: ``lora_qwen`` (the parity recipe) and ``xpu_mesh`` (a data-parallel DeviceMesh).
+
+A pytest plugin module (registered from ``pytest_sprite.plugin``); torch is imported inside the fixtures,
+so loading it costs nothing in the controller.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from pytest_sprite.recipes.lora_qwen import LoraQwen
+    from pytest_sprite.world import World
+
+__all__ = ["lora_qwen", "xpu_mesh"]
+
+_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
+
+
+def _option(config: pytest.Config, dest: str, env: str | None = None) -> Any:
+    """An option's value, tolerating a plugin build that does not define it (then the environment)."""
+    value = config.getoption(dest, None)
+    if value in (None, "") and env:
+        value = os.environ.get(env) or None
+    return value
+
+
+@pytest.fixture
+def lora_qwen(request: pytest.FixtureRequest, world: World) -> LoraQwen:
+    """The parity recipe on this test's ranks: ``lora_qwen.run("single" | "ddp" | "fsdp", ...)``.
+
+    A tiny in-memory Qwen2 by default; ``--qwen-path PATH`` (or ``SPRITE_QWEN_PATH``) loads real weights.
+    With ``--sprite-artifacts DIR`` every arm's record is written under ``DIR/<test id>/``.
+    """
+    from pytest_sprite.recipes.artifacts import ArtifactDir
+    from pytest_sprite.recipes.lora_qwen import QWEN_PATH_ENV, LoraQwen
+
+    qwen_path = _option(request.config, "sprite_qwen_path", QWEN_PATH_ENV)
+    artifacts = _option(request.config, "sprite_artifacts", "SPRITE_ARTIFACTS")
+    return LoraQwen(
+        world=world,
+        qwen_path=qwen_path,
+        artifacts=ArtifactDir.for_test(artifacts, request.node.nodeid) if artifacts else None,
+    )
+
+
+@pytest.fixture
+def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
+    """A 1-D DeviceMesh named ``data_parallel`` over every rank of the test (``mesh.device_type`` says where).
+
+    XPU when present, else CUDA, else CPU (gloo). Without the ranks marker it is a one-rank mesh over a
+    private in-memory process group, destroyed after the test, so nothing can wait for a peer that never comes.
+    """
+    from pytest_sprite.recipes.mesh import DATA_PARALLEL, accelerator_type, data_parallel_mesh
+
+    if world.distributed:
+        yield data_parallel_mesh(world)
+        return
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        pytest.skip(
+            "xpu_mesh: this test has no ranks marker but a default process group already exists in the "
+            "process (not created by pytest-sprite); mark the test @pytest.mark.ranks(n)"
+        )
+    device_type = accelerator_type()
+    dist.init_process_group(_BACKENDS[device_type], store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh(device_type, (1,), mesh_dim_names=(DATA_PARALLEL,))
+    finally:
+        dist.destroy_process_group()
