@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_count", "format_figure", "render_table"]
+__all__ = ["format_count", "format_figure", "format_limit", "render_table"]
 
 
 def format_figure(value: float) -> str:
@@ -29,6 +29,14 @@ def format_figure(value: float) -> str:
         mantissa, exponent = f"{value:.2e}".split("e")
         return f"{mantissa}e{int(exponent)}"
     return f"{value:.3g}"
+
+
+def format_limit(value: float) -> str:
+    """Format a tolerance as people write it: ``1e-4``, ``2.5e-3``, ``0.05``."""
+    if 0 < abs(value) < 0.01:
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{float(mantissa):g}e{int(exponent)}"
+    return f"{value:g}"
 
 
 def format_count(changed: int, total: int) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
-from pytest_sprite.assertions._tables import format_count, format_figure, render_table
+from pytest_sprite.assertions._tables import format_count, format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.records import DISTRIBUTED_ARMS, ArmRecord
 
@@ -154,7 +154,7 @@ class ParityResult:
         bad = [a for a in self.arms if not a.passed]
         verdict = "passed" if not bad else f"failed: {len(bad)} of {len(self.arms)} arms"
         lines = [
-            f"FP32 parity {verdict} (rtol {self.rtol:g}; reference: {self.reference})",
+            f"FP32 parity {verdict} (rtol {format_limit(self.rtol)}; reference: {self.reference})",
             "",
             self.table(),
         ]
@@ -194,7 +194,7 @@ def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> Parit
     return result
 
 
-def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
+def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
     if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
         raise ParityRefused(
             f"rtol must be a number in (0, 1), got {rtol!r}; the seed's FP32 rule uses rtol=1e-4"
@@ -210,7 +210,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
             raise ParityRefused(
                 f"{what} must be an ArmRecord (from lora_qwen.run(...) or load_arm_record), got {type(rec).__name__}"
             )
-    assert isinstance(ref, ArmRecord)  # narrowed above, for the type checker
+    ref = cast(ArmRecord, ref)
     if not arms:
         raise ParityRefused(
             'assert_parity needs at least one arm to compare with the reference, e.g. lora_qwen.run("ddp")'
@@ -224,8 +224,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: float) -> None:
         raise ParityRefused(
             f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms"
         )
-    for rec in [ref, *arms]:
-        assert isinstance(rec, ArmRecord)
+    for rec in cast("list[ArmRecord]", [ref, *arms]):
         if rec.precision != FP32_PRECISION:
             raise ParityRefused(
                 f"assert_parity is the FP32 check: arm {rec.label!r} ran precision={rec.precision!r}, allowed: "
@@ -289,7 +288,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
 
     update_rel = _update_rel(ref, arm)
     if not update_rel <= rtol:
-        fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {rtol:g}")
+        fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {format_limit(rtol)}")
 
     changed = [
         n
@@ -357,7 +356,7 @@ def _norm_detail(worst: tuple[float, int, int, float, float], rtol: float) -> st
     rel, step, rank, value, reference = worst
     return (
         f"step {step}, rank {rank}: {value:.6g} against reference {reference:.6g}, "
-        f"rel {format_figure(rel)} > rtol {rtol:g}"
+        f"rel {format_figure(rel)} > rtol {format_limit(rtol)}"
     )
 
 

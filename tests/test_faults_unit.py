@@ -1,0 +1,139 @@
+"""expect_fault_rejected and the fault catalogue, on hand-made assertion failures (no processes, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions.faults import (
+    FAULTS,
+    FaultNotRejected,
+    FaultRejection,
+    expect_fault_rejected,
+    get_fault,
+)
+from pytest_sprite.errors import SpriteUsageError
+
+pytestmark = pytest.mark.cpu
+
+KNOWN = (
+    "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update, "
+    "dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
+)
+
+
+def failure(*checks: tuple[str, str, str | None]) -> AssertionFailure:
+    """An assertion failure whose failed checks are (arm, check, fault) triples."""
+    failed = tuple(FailedCheck(arm=a, check=c, fault=f, detail=f"{c} detail") for a, c, f in checks)
+    return AssertionFailure("TABLE", failed=failed, result={"figures": 1})
+
+
+def test_rejected_when_only_faulted_arms_fail() -> None:
+    exc = failure(
+        ("ddp (fault missing-rank)", "pre_norm", "missing-rank"),
+        ("ddp (fault missing-rank)", "update", "missing-rank"),
+        ("fsdp (fault missing-rank)", "pre_norm", "missing-rank"),
+    )
+    with expect_fault_rejected("missing-rank") as rejection:
+        raise exc
+    evidence = rejection.evidence
+    assert isinstance(evidence, FaultRejection)
+    assert evidence.checks == ("pre_norm", "update")
+    assert len(evidence.failed) == 3
+    assert evidence.message == "TABLE"
+    assert evidence.result == {"figures": 1}
+    assert evidence.to_dict()["status"] == "rejected"
+
+
+def test_block_that_passes_fails_the_test() -> None:
+    with pytest.raises(FaultNotRejected) as exc:
+        with expect_fault_rejected("wrong-scale"):
+            pass
+    assert str(exc.value) == (
+        "fault 'wrong-scale' was not rejected: the block passed. The assertion did not notice that every "
+        "rank's loss is multiplied by N (the world size), so gradients are summed, not averaged."
+    )
+    assert isinstance(exc.value, AssertionError)
+
+
+def test_other_exceptions_propagate_unchanged() -> None:
+    with pytest.raises(KeyError, match="boom"):
+        with expect_fault_rejected("missing-rank"):
+            raise KeyError("boom")
+
+
+def test_plain_assertion_error_is_not_attributable() -> None:
+    with pytest.raises(FaultNotRejected) as exc:
+        with expect_fault_rejected("missing-rank"):
+            raise AssertionError("x == y")
+    assert str(exc.value) == (
+        "fault 'missing-rank': the block raised an AssertionError that carries no sprite evidence, so the "
+        "failure cannot be attributed to the fault; put only a sprite assertion in the block. It raised: x == y"
+    )
+
+
+def test_clean_arm_failing_too_is_not_attributable() -> None:
+    with pytest.raises(FaultNotRejected) as exc:
+        with expect_fault_rejected("missing-rank"):
+            raise failure(
+                ("ddp (fault missing-rank)", "pre_norm", "missing-rank"),
+                ("fsdp", "update", None),
+            )
+    assert str(exc.value).startswith(
+        "fault 'missing-rank': the assertion failed, but also on arms that do not carry the fault "
+        "(fsdp: update), so the failure cannot be attributed to it. Fix those arms first.\n\nTABLE"
+    )
+
+
+def test_failure_on_an_arm_with_another_fault_is_not_attributable() -> None:
+    with pytest.raises(FaultNotRejected, match=r"also on arms that do not carry the fault \(ddp: pre_norm\)"):
+        with expect_fault_rejected("missing-rank"):
+            raise failure(("ddp", "pre_norm", "wrong-scale"))
+
+
+def test_failure_without_any_faulted_arm_is_not_attributable() -> None:
+    with pytest.raises(FaultNotRejected, match=r"without a failed check on an arm that carries the fault"):
+        with expect_fault_rejected("missing-rank"):
+            raise failure()
+
+
+def test_by_must_be_among_the_failed_checks() -> None:
+    with expect_fault_rejected("wrong-scale", by="pre_norm") as rejection:
+        raise failure(("ddp (fault wrong-scale)", "pre_norm", "wrong-scale"))
+    assert rejection.evidence.checks == ("pre_norm",)
+    with pytest.raises(FaultNotRejected) as exc:
+        with expect_fault_rejected("wrong-scale", by=["pre_norm", "update"]):
+            raise failure(("ddp (fault wrong-scale)", "pre_norm", "wrong-scale"))
+    assert str(exc.value).startswith(
+        "fault 'wrong-scale' was rejected by pre_norm, but by= requires update among them.\n\nTABLE"
+    )
+
+
+def test_unknown_fault_lists_the_known_ones() -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        expect_fault_rejected("missing_rank")
+    assert str(exc.value) == f"unknown fault 'missing_rank'; known faults: {KNOWN}"
+    with pytest.raises(SpriteUsageError, match="unknown fault None"):
+        get_fault(None)
+
+
+def test_unknown_check_in_by_lists_the_known_checks() -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        expect_fault_rejected("missing-rank", by="gradients")
+    assert str(exc.value) == (
+        "expect_fault_rejected('missing-rank', by='gradients'): unknown check 'gradients'; known checks: "
+        "initial, rows, pre_norm, post_norm, update, frozen, synchronized"
+    )
+
+
+def test_evidence_is_only_available_after_a_rejection() -> None:
+    guard = expect_fault_rejected("missing-rank")
+    with pytest.raises(SpriteUsageError, match=r"no evidence for fault 'missing-rank' yet"):
+        guard.evidence  # noqa: B018
+
+
+def test_catalogue_names_every_seed_fault() -> None:
+    assert ", ".join(FAULTS) == KNOWN
+    planted = {n for n, f in FAULTS.items() if f.applied_by == "lora_qwen.run"}
+    assert planted == {"missing-rank", "wrong-scale", "accumulate-sum"}
+    assert FAULTS["missing-rank"].arms == ("ddp", "fsdp")
