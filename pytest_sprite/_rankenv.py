@@ -266,9 +266,19 @@ def _raise_on_disagreement(found: _Found) -> None:
     for name, _ in _all_found(found):
         present.setdefault(_launcher_of(name), []).append(name)
     fixes = []
-    for launcher in present:
-        stale = [n for other, names in present.items() if other != launcher for n in names]
-        fixes.append(f"  started by {launcher}? unset {' '.join(stale)} before launching")
+    if len(present) > 1:
+        for launcher in present:
+            stale = [n for other, names in present.items() if other != launcher for n in names]
+            fixes.append(f"  started by {launcher}? unset {' '.join(stale)} before launching")
+    for pairs in found.values():
+        values = dict(pairs)
+        for launcher in present:
+            names = [name for name, _ in pairs if _launcher_of(name) == launcher]
+            if len({values[n] for n in names}) > 1:
+                fixes.append(
+                    f"  {' and '.join(names)} both come from {launcher} and disagree: the one this launch "
+                    f"did not set was inherited; unset it"
+                )
     raise RankEnvError(
         "launcher variables disagree, so this process cannot know its place in the world:\n"
         + "\n".join(lines)

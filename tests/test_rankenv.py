@@ -772,3 +772,15 @@ def test_free_port_fallback_is_bindable(clean_env: pytest.MonkeyPatch) -> None:
     with socket.socket() as sock:
         sock.bind(("", port))
     assert free_port("127.0.0.1") != 0
+
+
+def test_disagreement_inside_one_family_names_both() -> None:
+    environ = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "PMI_LOCAL_RANK": "7"}
+    with pytest.raises(RankEnvError) as excinfo:
+        read_rank_env(environ)
+    assert str(excinfo.value).splitlines()[1:2] + str(excinfo.value).splitlines()[-1:] == [
+        "  local rank: MPI_LOCALRANKID=1 (MPICH hydra), PMI_LOCAL_RANK=7 (MPICH hydra)",
+        "  MPI_LOCALRANKID and PMI_LOCAL_RANK both come from MPICH hydra and disagree: the one this launch did "
+        "not set was inherited; unset it",
+    ]
+    assert "started by" not in str(excinfo.value)
