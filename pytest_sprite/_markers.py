@@ -74,7 +74,7 @@ def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) 
         )
     timeout = kwargs.get("timeout")
     if timeout is not None:
-        timeout = parse_timeout(timeout, f"{prefix} timeout=")
+        timeout = parse_timeout(timeout, f"{prefix}: timeout=")
     return RanksSpec(sizes=sizes, parametrized=parametrized, timeout=timeout)
 
 

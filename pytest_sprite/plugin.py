@@ -55,7 +55,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     try:
         spec = parse_ranks_marker(mark.args, dict(mark.kwargs), metafunc.definition.nodeid)
     except SpriteUsageError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        error = str(exc)
+    else:
+        error = None
+    if error is not None:  # outside the except block: no chained traceback in the collection error
+        pytest.fail(error, pytrace=False)
     if spec.parametrized:
         metafunc.fixturenames.append(PARAM_NAME)
         metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks={n}" for n in spec.sizes], indirect=True)

@@ -137,7 +137,26 @@ class RankFailures(TerminalRepr):
         return ReprFileLocation(path=path, lineno=lineno, message=f"[{fold_ranks(ranks)}] {message}{more}")
 
 
-def _failure_text(longrepr: Any) -> str:
+def _cause_rank(end: RankEnd | None) -> int:
+    """Sort key: a rank that crashed by itself is most likely the cause, one the harness ended the least."""
+    if end is None:
+        return 1
+    if end.ended_by is None and not end.clean:
+        return 0
+    if end.ended_by in ("peer_failed", "agent_lost"):
+        return 2
+    return 1
+
+
+def _failure_key(longrepr: Any) -> Any:
+    """What makes two ranks' failures "identical": the same exception message raised at the same place.
+
+    Whole tracebacks differ between ranks (argument values such as ``world`` show the rank), so
+    they are not compared.
+    """
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return (crash.path, crash.lineno, crash.message)
     return str(longrepr)
 
 
@@ -182,10 +201,20 @@ def merge_rank_reports(
             by_phase[phase][rank] = _synthesize(
                 reports[0] if reports else None, nodeid, location, keywords, phase, describe_end(end, phase)
             )
+    setup = by_phase["setup"]
+    if any(not rep.passed for rep in setup.values()):
+        # pytest runs the call only after a passed setup: when any rank's setup did not pass, the
+        # test has no call phase; ranks that failed their call anyway join the setup failure.
+        for rank, rep in by_phase["call"].items():
+            if rep.failed:
+                setup[rank] = rep
+        by_phase["call"] = {}
     merged = []
     for phase in PHASES:
         if by_phase[phase]:
-            merged.append(_merge_phase(phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order))
+            merged.append(
+                _merge_phase(phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order, ends)
+            )
     return merged
 
 
@@ -197,6 +226,7 @@ def _merge_phase(
     keywords: dict[str, Any],
     world_size: int,
     failure_order: Sequence[int],
+    ends: dict[int, RankEnd],
 ) -> TestReport:
     ranks = sorted(reps)
     base = reps[ranks[0]]
@@ -212,11 +242,11 @@ def _merge_phase(
     duration = max(rep.duration for rep in reps.values())
     if failed:
         position = {r: i for i, r in enumerate(failure_order)}
-        failed.sort(key=lambda r: (position.get(r, len(position)), r))
-        groups: dict[str, tuple[list[int], Any]] = {}
+        failed.sort(key=lambda r: (_cause_rank(ends.get(r)), position.get(r, len(position)), r))
+        groups: dict[Any, tuple[list[int], Any]] = {}
         for r in failed:
-            text = _failure_text(reps[r].longrepr)
-            groups.setdefault(text, ([], reps[r].longrepr))[0].append(r)
+            key = _failure_key(reps[r].longrepr)
+            groups.setdefault(key, ([], reps[r].longrepr))[0].append(r)
         longrepr: Any = RankFailures(
             groups=[(tuple(rs), lr) for rs, lr in groups.values()],
             location=(str(location[0]), int(location[1] or 0) + 1),

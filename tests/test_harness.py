@@ -1,0 +1,370 @@
+"""End-to-end behaviour of ranks tests, as users meet it: real pytest sessions with real ranks."""
+
+from __future__ import annotations
+
+import pytest
+from sprite_testing import fnescape
+
+pytestmark = pytest.mark.cpu
+
+TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short-summary lines keep their message only when they fit the terminal."""
+    monkeypatch.setenv("COLUMNS", "240")
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=TIMEOUT)
+
+
+def test_collectives_pass_at_two_and_four_ranks(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+        import pytest
+        from pytest_sprite import collected
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_protocol(item):
+            result = yield
+            for name, tensors in collected(item).items():
+                print(f"COLLECTED {item.name} {name} {[t.tolist() for t in tensors]}")
+            return result
+
+        def pytest_sessionfinish(session):
+            import torch.distributed as dist
+            print(f"CONTROLLER_PG_INITIALIZED={dist.is_initialized()}")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.ranks(2)
+        def test_two(world):
+            assert (world.size, dist.get_world_size(), dist.get_rank()) == (2, 2, world.rank)
+            assert os.environ["RANK"] == str(world.rank) and os.environ["WORLD_SIZE"] == "2"
+            assert os.environ["LOCAL_RANK"] == str(world.local_rank)
+            t = torch.tensor([world.rank + 1.0])
+            dist.all_reduce(t)
+            assert t.item() == 3.0
+            assert [g.item() for g in world.gather(torch.tensor([world.rank]))] == [0, 1]
+            assert world.gather_object({"r": world.rank}) == [{"r": 0}, {"r": 1}]
+            assert world.run_on_rank(1, lambda: world.rank * 10) == 10
+            world.barrier()
+            world.collect("rank_plus_one", torch.tensor([world.rank + 1.0]))
+
+        @pytest.mark.ranks(4)
+        def test_four(world):
+            t = torch.ones(3) * world.rank
+            dist.all_reduce(t)
+            assert t.tolist() == [6.0, 6.0, 6.0]
+            assert world.gather(torch.arange(world.rank + 1))[3].tolist() == [0, 1, 2, 3]
+
+        def test_plain_world_of_one(world):
+            assert (world.rank, world.size, world.distributed) == (0, 1, False)
+            assert not dist.is_initialized()
+            world.collect("solo", torch.tensor([7.0]))
+        """
+    )
+    result = run(pytester, "-s")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*" + fnescape("COLLECTED test_two rank_plus_one [[1.0], [2.0]]") + "*",
+            "*" + fnescape("COLLECTED test_plain_world_of_one solo [[7.0]]") + "*",
+            "*CONTROLLER_PG_INITIALIZED=False*",
+        ]
+    )
+
+
+def test_failure_on_one_rank_is_labelled_and_identical_failures_fold(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_only_rank_one(world):
+            assert world.rank != 1, "rank one disagrees"
+
+        @pytest.mark.ranks(4)
+        def test_everyone(world):
+            assert False, "same everywhere"
+
+        @pytest.mark.ranks(2)
+        def test_after():
+            pass
+        """
+    )
+    result = run(pytester)
+    result.assert_outcomes(failed=2, passed=1)
+    out = result.stdout.str()
+    only = out.split("test_only_rank_one")[1].split("test_everyone")[0]
+    assert "-- rank 1 --" in only.replace("-" * 3, "--") or "rank 1" in only
+    assert "rank 0" not in only
+    result.stdout.fnmatch_lines(
+        [
+            "*- ranks 0-3 -*",
+            "FAILED test_*::test_only_rank_one - [[]rank 1[]] AssertionError: rank one disagrees*",
+            "FAILED test_*::test_everyone - [[]ranks 0-3[]] AssertionError: same everywhere*",
+        ]
+    )
+
+
+def test_crashes_name_rank_phase_and_signal_and_the_next_test_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os, signal
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def exit_in_setup(world):
+            if world.rank == 1:
+                print("about to exit in setup")
+                os._exit(3)
+
+        @pytest.fixture
+        def kill_in_teardown(world):
+            yield
+            if world.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        @pytest.mark.ranks(2)
+        def test_segv_in_call(world):
+            if world.rank == 1:
+                print("about to segfault")
+                os.kill(os.getpid(), signal.SIGSEGV)
+            dist.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_next_1(world):
+            dist.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_exit_in_setup(exit_in_setup):
+            pass
+
+        @pytest.mark.ranks(2)
+        def test_next_2(world):
+            dist.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_kill_in_teardown(kill_in_teardown):
+            pass
+
+        @pytest.mark.ranks(2)
+        def test_next_3(world):
+            dist.barrier()
+        """
+    )
+    result = run(pytester, "--rank-grace=2", "-v")
+    # The teardown crash test's call passed; its teardown is the error.
+    result.assert_outcomes(passed=4, failed=1, errors=2)
+    result.stdout.fnmatch_lines_random(
+        ["*test_next_1 PASSED*", "*test_next_2 PASSED*", "*test_next_3 PASSED*"]
+    )
+    # The crashed rank is shown first: it is the cause, its peers' gloo errors the consequence.
+    result.stdout.fnmatch_lines(["FAILED *::test_segv_in_call - [[]rank 1[]] rank 1 CRASHED with signal 11 (SIGSEGV) during call*"])
+    out = result.stdout.str()
+    for line in (
+        "rank 1 CRASHED with signal 11 (SIGSEGV) during call",
+        "about to segfault",
+        "rank 1 exited with code 3 during setup before reporting its result",
+        "about to exit in setup",
+        "rank 0 CRASHED with signal 9 (SIGKILL) during teardown",
+    ):
+        assert line in out, line
+
+
+def test_hang_dumps_every_rank_stack_and_the_next_test_passes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        def wait_forever():
+            time.sleep(1000)
+
+        @pytest.mark.ranks(2, timeout=4)
+        def test_rank0_skips_the_collective(world):
+            if world.rank == 0:
+                wait_forever()
+            dist.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_next(world):
+            dist.barrier()
+        """
+    )
+    result = run(pytester, "-v")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*test_next PASSED*"])
+    out = result.stdout.str()
+    blocks = {rank: out.split(f"- rank {rank} -")[1].split("- rank ")[0] for rank in (0, 1)}
+    assert "rank 0 was still running after the 4s timeout (from @pytest.mark.ranks(timeout=...)) (during call)" in blocks[0]
+    assert "stacks of rank 0 (most recent call first)" in blocks[0]
+    assert ".py\", line 6 in wait_forever" in blocks[0]
+    assert "rank 1 was still running after the 4s timeout" in blocks[1]
+    assert "stacks of rank 1 (most recent call first)" in blocks[1]
+    assert "in barrier" in blocks[1]
+    assert "pluggy" not in blocks[0] + blocks[1], "harness frames are stripped from the stacks"
+
+
+def test_a_failed_rank_ends_its_waiting_peers_after_the_grace_period(pytester: pytest.Pytester) -> None:
+    # Rank 1 fails but its process lives on (a slow teardown), so no transport error wakes the
+    # ranks waiting in the collective: only the grace period does, long before the timeout.
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def slow_teardown_on_rank1(world):
+            yield
+            if world.rank == 1:
+                time.sleep(1000)
+
+        @pytest.mark.ranks(3, timeout=600)
+        def test_rank1_raises_before_the_collective(world, slow_teardown_on_rank1):
+            if world.rank == 1:
+                raise RuntimeError("rank 1 gave up")
+            dist.barrier()
+        """
+    )
+    result = run(pytester, "--rank-grace=1")
+    result.assert_outcomes(failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*- rank 1 -*",
+            "*RuntimeError: rank 1 gave up*",
+            "*- ranks 0, 2 -*" if False else "*- rank 0 -*",
+            "*rank 0 was ended during call 1s after rank 1 failed (--rank-grace)*",
+            "*in barrier*",
+        ]
+    )
+    assert "600s timeout" not in result.stdout.str()
+
+
+def test_skips_and_xfails_on_every_rank(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_skip_everywhere(world):
+            pytest.skip("not on this cluster")
+
+        @pytest.mark.ranks(2)
+        def test_skip_on_one_rank_only(world):
+            if world.rank == 1:
+                pytest.skip("only rank 1")
+
+        @pytest.mark.ranks(2)
+        @pytest.mark.xfail(reason="known gap", strict=True)
+        def test_xfail(world):
+            assert False
+
+        @pytest.mark.ranks(2)
+        @pytest.mark.skip(reason="marked")
+        def test_marked_skip(world):
+            raise AssertionError("never runs")
+        """
+    )
+    result = run(pytester, "-rsx")
+    result.assert_outcomes(skipped=2, passed=1, xfailed=1)
+    result.stdout.fnmatch_lines_random(["*not on this cluster*", "*marked*", "*known gap*"])
+
+
+def test_parametrized_world_sizes_and_skips_beyond_the_world(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.ranks([1, 2, 4])
+        def test_sizes(world):
+            assert dist.get_world_size() == world.size
+
+        @pytest.mark.ranks(3)
+        def test_three(world):
+            pass
+        """
+    )
+    result = run(pytester, "--ranks=2", "-v", "-rs")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_sizes?ranks=1? PASSED*",
+            "*test_sizes?ranks=2? PASSED*",
+            "*test_sizes?ranks=4? SKIPPED*",
+            "*needs 4 ranks, the world has 2 (--ranks=2); run with --ranks=4 or more to include it*",
+            "*needs 3 ranks, the world has 2 (--ranks=2); run with --ranks=3 or more to include it*",
+        ]
+    )
+
+
+def test_exitfirst_keyword_and_last_failed_behave_as_in_pytest(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_a_fails(world):
+            assert world.rank == 0
+
+        @pytest.mark.ranks(2)
+        def test_b_passes(world):
+            pass
+        """
+    )
+    first = pytester.runpytest_subprocess("-x", timeout=TIMEOUT)
+    first.assert_outcomes(failed=1)
+    only_b = pytester.runpytest_subprocess("-k", "b_passes", timeout=TIMEOUT)
+    only_b.assert_outcomes(passed=1, deselected=1)
+    last_failed = pytester.runpytest_subprocess("--lf", "-v", timeout=TIMEOUT)
+    last_failed.assert_outcomes(failed=1)
+    assert "test_b_passes" not in last_failed.stdout.str()
+
+
+def test_child_keyboard_interrupt_ends_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_interrupted(world):
+            if world.rank == 1:
+                raise KeyboardInterrupt
+
+        @pytest.mark.ranks(2)
+        def test_never_runs(world):
+            pass
+        """
+    )
+    result = run(pytester, "-v")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*KeyboardInterrupt on rank 1*"])
+    assert "test_never_runs PASSED" not in result.stdout.str()
+
+
+def test_disabling_the_plugin_runs_tests_as_plain_pytest(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_runs_once_in_process():
+            import torch.distributed as dist
+            assert not dist.is_initialized()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT)
+    result.assert_outcomes(passed=1)
