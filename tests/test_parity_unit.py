@@ -86,7 +86,7 @@ def make_record(
         precision=precision,
         accumulate=accumulate,
         fault=fault,
-        strategy="test.Strategy",
+        strategy={"single": "SingleDeviceStrategy", "ddp": "XPUDDPStrategy", "fsdp": "FSDP2Strategy"}[arm],
         trainable_names=tuple(INITIAL),
         frozen_names=tuple(FROZEN),
         pre_clip_norms=tuple(
@@ -206,7 +206,7 @@ def test_unsynchronized_replicas_name_the_rank_groups() -> None:
     arm = make_record("ddp", world_size=4, digests=("x", "y", "y", "y"))
     with pytest.raises(ParityError) as exc:
         assert_parity(REF, arm)
-    assert "ranks 0 | ranks 1-3 hold different values" in exc.value.failed[0].detail
+    assert "rank 0 | ranks 1-3 hold different values" in exc.value.failed[0].detail
 
 
 def test_result_serializes_to_json() -> None:
@@ -353,3 +353,11 @@ def test_record_round_trips_through_its_dict() -> None:
 def test_inconsistent_record_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"pre_clip_norms has 1 steps, the recipe has 2"):
         dataclasses.replace(REF, pre_clip_norms=((3.0,),))
+
+
+def test_user_strategy_is_named_in_the_label() -> None:
+    arm = dataclasses.replace(
+        make_record("ddp", world_size=2, fault="wrong-scale"), strategy="mine.SummedDDP"
+    )
+    assert arm.label == "ddp (SummedDDP, fault wrong-scale)"
+    assert make_record("ddp", world_size=2).label == "ddp"

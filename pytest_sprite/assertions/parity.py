@@ -307,7 +307,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
         fail(
             "synchronized",
             "final trainables are not bitwise equal on every rank: "
-            + " | ".join(f"ranks {_ranks_text(g)}" for g in groups)
+            + " | ".join(_ranks_text(g) for g in groups)
             + " hold different values; a tensor is left out of gradient synchronization",
         )
 
@@ -417,10 +417,12 @@ def _rank_groups(digests: tuple[str, ...]) -> list[list[int]]:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    """``0-3`` for a run of ranks, ``0, 2`` otherwise."""
-    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(str(r) for r in ranks)
+    """``rank 0``, ``ranks 0-3`` for a run of ranks, ``ranks 0, 2`` otherwise."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
 
 
 def _json(x: float) -> float | str:

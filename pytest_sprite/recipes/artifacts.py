@@ -53,15 +53,18 @@ class ArtifactDir:
         """The artifact directory of the test ``nodeid`` under ``root``."""
         return cls(root=Path(root), test=test_dir_name(nodeid))
 
-    def next_arm_dir(self, record: ArmRecord) -> Path:
-        """The next fresh directory name for ``record`` (not yet created)."""
+    def next_arm_dir(self, *, arm: str, accumulate: int = 1, fault: str | None = None) -> Path:
+        """Claim the next arm directory name; refuse at once (before any training) if it already exists."""
         self._count += 1
-        parts = [f"{self._count:02d}", record.arm]
-        if record.accumulate != 1:
-            parts.append(f"acc{record.accumulate}")
-        if record.fault:
-            parts.append(record.fault)
-        return self.root / self.test / "-".join(parts)
+        parts = [f"{self._count:02d}", arm]
+        if accumulate != 1:
+            parts.append(f"acc{accumulate}")
+        if fault:
+            parts.append(fault)
+        path = self.root / self.test / "-".join(parts)
+        if path.exists():
+            raise _exists(path)
+        return path
 
     def write(self, path: Path, record: ArmRecord) -> Path:
         """Create ``path`` (it must not exist) and write the record into it; return the directory."""
@@ -69,17 +72,21 @@ class ArtifactDir:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            path.mkdir()
+            path.mkdir()  # exclusive: a directory created meanwhile by another run is refused too
         except FileExistsError:
-            raise ArtifactExistsError(
-                f"--sprite-artifacts: {path} already exists, and an arm never overwrites a result; "
-                "pass a fresh --sprite-artifacts directory or remove the old one"
-            ) from None
+            raise _exists(path) from None
         torch.save(record.to_dict(), path / "record.pt")
         with open(path / "record.json", "x", encoding="utf-8") as fh:
             json.dump(record.summary(), fh, indent=1, sort_keys=True)
             fh.write("\n")
         return path
+
+
+def _exists(path: Path) -> ArtifactExistsError:
+    return ArtifactExistsError(
+        f"--sprite-artifacts: {path} already exists, and an arm never overwrites a result; "
+        "pass a fresh --sprite-artifacts directory or remove the old one"
+    )
 
 
 def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord:

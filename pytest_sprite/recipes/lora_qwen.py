@@ -205,6 +205,11 @@ class LoraQwen:
             accumulate=accumulate,
             fault=fault,
         )
+        target = None
+        if self.artifacts is not None:
+            target = self.world.run_on_rank(
+                0, self.artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault
+            )
         start = time.perf_counter()
         if arm == "single":
             record = self.world.run_on_rank(
@@ -223,8 +228,7 @@ class LoraQwen:
         # Rank 0's wall time, so the record stays identical on every rank.
         elapsed = self.world.broadcast_object(time.perf_counter() - start)
         record = _arm.with_wall_time(record, elapsed)
-        if self.artifacts is not None:
-            target = self.artifacts.next_arm_dir(record)
+        if self.artifacts is not None and target is not None:
             self.world.run_on_rank(0, self.artifacts.write, target, record)
         self.records.append(record)
         return record

@@ -27,6 +27,8 @@ DISTRIBUTED_ARMS: tuple[str, ...] = ("ddp", "fsdp")
 """Arms that must run on more than one device to mean anything."""
 
 _RECORD_FORMAT = 1
+_DEFAULT_STRATEGIES = {"single": "SingleDeviceStrategy", "ddp": "XPUDDPStrategy", "fsdp": "FSDP2Strategy"}
+"""Strategy class each arm runs unless the user passes ``strategy=``; other classes are named in labels."""
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
@@ -152,8 +154,14 @@ class ArmRecord:
 
     @property
     def label(self) -> str:
-        """Arm name with what sets it apart: ``ddp``, ``ddp (accumulate 2)``, ``fsdp (fault missing-rank)``."""
+        """Arm name with what sets it apart: ``ddp``, ``ddp (accumulate 2)``, ``fsdp (fault missing-rank)``.
+
+        A user's own strategy class is named too (``ddp (MyDDP)``), so several of them stay apart in a table.
+        """
         extra = []
+        strategy_class = self.strategy.rsplit(".", 1)[-1]
+        if strategy_class and strategy_class != _DEFAULT_STRATEGIES.get(self.arm):
+            extra.append(strategy_class)
         if self.accumulate != 1:
             extra.append(f"accumulate {self.accumulate}")
         if self.fault is not None:

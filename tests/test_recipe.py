@@ -1,0 +1,288 @@
+"""The lora_qwen recipe without ranks: seeded model and rows, sharding arithmetic, the single arm,
+real weights through --qwen-path, artifacts, run() argument errors, and the xpu_mesh fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+pytest.importorskip("lightning")
+import lightning.pytorch  # noqa: F401
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pytest_sprite.assertions.parity import assert_parity
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes._arm import loss_factor, shard_batches
+from pytest_sprite.recipes._model import build_lora_qwen, make_rows
+from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
+from pytest_sprite.recipes.lora_qwen import TINY_QWEN2, LoraQwen
+from pytest_sprite.recipes.records import tensor_digest
+
+pytestmark = pytest.mark.cpu
+
+# Until the lead's plugin registers pytest_sprite.recipes.fixtures, pytester sessions load it by name.
+FIXTURES = ("-p", "pytest_sprite.recipes.fixtures")
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_model_is_seeded_identical_and_leaves_the_global_rng_alone() -> None:
+    state = torch.random.get_rng_state()
+    first, ident = build_lora_qwen(seed=0)
+    second, ident2 = build_lora_qwen(seed=0)
+    assert torch.equal(state, torch.random.get_rng_state())
+    a, b = params(first), params(second)
+    assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
+    assert ident == ident2 and ident.startswith("tiny-qwen2:")
+
+
+def test_recipe_shape_matches_the_seed() -> None:
+    model, _ = build_lora_qwen(seed=0)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    layers = TINY_QWEN2["num_hidden_layers"]
+    # Per layer: lora_A and lora_B on q/k/v/o; plus the head's weight and bias (194 on Qwen2.5-0.5B).
+    assert len(trainable) == layers * 4 * 2 + 2
+    assert trainable[-2:] == ["head.weight", "head.bias"]
+    # Per layer 12 frozen tensors, plus embeddings and the final norm (290 on Qwen2.5-0.5B).
+    assert len(frozen) == layers * 12 + 2
+    q_proj = model.backbone.base_model.model.layers[0].self_attn.q_proj
+    assert q_proj.r["default"] == 8 and q_proj.scaling["default"] == 16 / 8
+    assert model.head.out_features == 2 and model.head.in_features == TINY_QWEN2["hidden_size"]
+
+
+def test_lora_b_is_a_seeded_normal_draw_independent_of_the_run_seed() -> None:
+    seed0, seed5 = params(build_lora_qwen(seed=0)[0]), params(build_lora_qwen(seed=5)[0])
+    lora_b = [n for n in seed0 if ".lora_B." in n]
+    values = torch.cat([seed0[n].reshape(-1) for n in lora_b])
+    assert bool((values != 0).all()), "lora_B must not start at PEFT's zeros"
+    assert float(values.std()) == pytest.approx(0.01, rel=0.1)
+    assert all(torch.equal(seed0[n], seed5[n]) for n in lora_b)
+    assert not all(torch.equal(seed0[n], seed5[n]) for n in seed0 if ".lora_A." in n)
+
+
+def test_rows_are_seeded_int64_with_binary_labels() -> None:
+    rows = make_rows(seed=0, rows=64, seq_len=8, vocab_size=256)
+    again = make_rows(seed=0, rows=64, seq_len=8, vocab_size=256)
+    assert rows.input_ids.dtype == rows.labels.dtype == torch.int64
+    assert rows.input_ids.shape == (64, 8)
+    assert set(rows.labels.tolist()) == {0, 1}
+    assert torch.equal(rows.input_ids, again.input_ids) and rows.digest == again.digest
+    assert make_rows(seed=1, rows=64, seq_len=8, vocab_size=256).digest != rows.digest
+    assert rows[3]["row"] == 3 and torch.equal(rows[3]["input_ids"], rows.input_ids[3])
+
+
+@given(
+    world=st.integers(1, 8),
+    accumulate=st.integers(1, 3),
+    per_micro=st.integers(1, 3),
+    steps=st.integers(1, 4),
+)
+def test_every_step_trains_its_global_batch_once_across_ranks(
+    world: int, accumulate: int, per_micro: int, steps: int
+) -> None:
+    batch = world * accumulate * per_micro
+    shards = [
+        shard_batches(total_rows=steps * batch, num_replicas=world, rank=r, micro_batch=per_micro)
+        for r in range(world)
+    ]
+    for step in range(steps):
+        seen = [i for s in shards for mb in s[step * accumulate : (step + 1) * accumulate] for i in mb]
+        assert sorted(seen) == list(range(step * batch, (step + 1) * batch))
+
+
+def test_shard_batches_refuses_a_rank_outside_the_replicas() -> None:
+    with pytest.raises(SpriteUsageError, match=r"num_replicas=2, rank=2; rank must lie in 0..num_replicas-1"):
+        shard_batches(total_rows=8, num_replicas=2, rank=2, micro_batch=2)
+
+
+def test_loss_faults_scale_the_loss_as_catalogued() -> None:
+    assert loss_factor(None, rank=3, world_size=4, accumulate=1) == 1.0
+    assert [loss_factor("missing-rank", rank=r, world_size=4, accumulate=1) for r in range(4)] == [1, 1, 1, 0]
+    assert loss_factor("wrong-scale", rank=0, world_size=4, accumulate=1) == 4.0
+    assert loss_factor("accumulate-sum", rank=0, world_size=4, accumulate=2) == 2.0
+
+
+def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
+    ref = lora_qwen.run("single", steps=3)
+    assert (ref.world_size, ref.device_type, ref.precision, ref.accumulate) == (1, "cpu", "32-true", 1)
+    assert ref.rows_seen == (((0, 1),), ((2, 3),), ((4, 5),))
+    clip = ref.recipe.clip
+    assert all(pre > clip for (pre,) in ref.pre_clip_norms), "the clip must be active at every step"
+    assert all(post == pytest.approx(clip, rel=1e-4) for (post,) in ref.post_clip_norms)
+    # lora_B starts nonzero, so every trainable tensor moves, lora_A included.
+    assert all(not torch.equal(ref.initial_trainable[n], ref.final_trainable[n]) for n in ref.trainable_names)
+    assert ref.frozen_final == (ref.frozen_initial,)
+    # Accumulation on one device matches the full batch too.
+    assert_parity(ref, lora_qwen.run("single", steps=3, accumulate=2))
+
+
+@pytest.mark.parametrize(
+    ("arm", "kwargs", "message"),
+    [
+        ("dp", {}, "unknown arm 'dp'; arms: single, ddp, fsdp"),
+        ("ddp", {}, "arm 'ddp' needs the ranks of a test marked @pytest.mark.ranks(n)"),
+        ("single", {"steps": 0}, "steps must be a positive int, got 0"),
+        ("single", {"accumulate": 1.5}, "accumulate must be a positive int, got 1.5"),
+        ("single", {"clip": 0}, "clip must be a positive number, got 0"),
+        (
+            "single",
+            {"global_batch": 3, "accumulate": 2},
+            "global_batch=3 must be a positive multiple of ranks x accumulate = 1 x 2 = 2 for arm 'single'",
+        ),
+        ("single", {"fault": "missing_rank"}, "unknown fault 'missing_rank'; known faults: missing-rank, "),
+        ("single", {"fault": "missing-rank"}, "fault 'missing-rank' applies to arms ddp, fsdp, not 'single'"),
+        (
+            "ddp",
+            {"fault": "skip-update"},
+            "fault 'skip-update' is catalogued but lora_qwen.run does not plant it",
+        ),
+        (
+            "ddp",
+            {"fault": "accumulate-sum"},
+            "fault 'accumulate-sum' needs accumulate >= 2 (got accumulate=1)",
+        ),
+    ],
+)
+def test_run_refuses_bad_arguments_before_training(
+    world: Any, arm: str, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        LoraQwen(world=world).run(arm, **kwargs)
+    assert message in str(exc.value)
+
+
+def test_qwen_path_loads_real_weights_through_the_same_code(tmp_path: Path, world: Any) -> None:
+    from transformers import Qwen2Config, Qwen2Model
+
+    torch.manual_seed(123)
+    saved = Qwen2Model(Qwen2Config(**{**TINY_QWEN2, "num_hidden_layers": 1, "vocab_size": 128}))
+    saved.save_pretrained(tmp_path / "qwen")
+    recipe = LoraQwen(world=world, qwen_path=tmp_path / "qwen")
+    model = recipe.build_model()
+    base = dict(model.backbone.get_base_model().named_parameters())
+    for name, tensor in saved.named_parameters():
+        for target in ("q_proj", "k_proj", "v_proj", "o_proj"):  # PEFT moves wrapped layers under base_layer
+            name = name.replace(f".{target}.", f".{target}.base_layer.")
+        assert torch.equal(base[name], tensor), name
+    assert recipe.model_id.startswith(str((tmp_path / "qwen").resolve()) + ":")
+    record = recipe.run("single", steps=2)
+    assert record.recipe.model == recipe.model_id
+    assert len(record.frozen_names) == 1 * 12 + 2
+    assert max(record.rows_seen[0][0]) < 4 and int(recipe.rows(steps=2, global_batch=2).input_ids.max()) < 128
+
+
+def test_qwen_path_that_is_not_a_model_is_refused(tmp_path: Path, world: Any) -> None:
+    with pytest.raises(
+        SpriteUsageError, match=r"is not a model directory \(no config.json\); pass a directory"
+    ):
+        LoraQwen(world=world, qwen_path=tmp_path).build_model()
+
+
+def test_artifacts_are_written_once_and_judged_again_offline(tmp_path: Path, world: Any) -> None:
+    nodeid = "tests/test_x.py::test_y[ranks=2]"
+    recipe = LoraQwen(world=world, artifacts=ArtifactDir.for_test(tmp_path, nodeid))
+    ref = recipe.run("single", steps=2)
+    acc = recipe.run("single", steps=2, accumulate=2)
+    test_dir = tmp_path / "tests_test_x.py__test_y_ranks=2"
+    assert sorted(p.name for p in test_dir.iterdir()) == ["01-single", "02-single-acc2"]
+    summary = json.loads((test_dir / "01-single" / "record.json").read_text())
+    assert summary["arm"] == "single" and summary["recipe"]["steps"] == 2
+    loaded = load_arm_record(test_dir / "01-single")
+    assert loaded.summary() == ref.summary()
+    assert assert_parity(loaded, load_arm_record(test_dir / "02-single-acc2" / "record.pt")).to_dict() == (
+        assert_parity(ref, acc).to_dict()
+    )
+    again = LoraQwen(world=world, artifacts=ArtifactDir.for_test(tmp_path, nodeid))
+    with pytest.raises(ArtifactExistsError) as exc:
+        again.run("single", steps=2)
+    assert str(exc.value) == (
+        f"--sprite-artifacts: {test_dir / '01-single'} already exists, and an arm never overwrites a result; "
+        "pass a fresh --sprite-artifacts directory or remove the old one"
+    )
+
+
+def test_load_arm_record_refuses_a_missing_record(tmp_path: Path) -> None:
+    with pytest.raises(SpriteUsageError, match=r"no arm record at .*record.pt; pass an arm directory"):
+        load_arm_record(tmp_path)
+
+
+def test_fixture_reads_qwen_path_and_artifacts_options(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    from transformers import Qwen2Config, Qwen2Model
+
+    Qwen2Model(Qwen2Config(**{**TINY_QWEN2, "num_hidden_layers": 1})).save_pretrained(tmp_path / "qwen")
+    pytester.makepyfile(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+
+            def test_options(lora_qwen):
+                assert Path(lora_qwen.qwen_path) == Path({str(tmp_path / "qwen")!r})
+                assert lora_qwen.artifacts.root == Path({str(tmp_path / "art")!r})
+                assert lora_qwen.artifacts.test.endswith("_options.py__test_options")
+            """
+        )
+    )
+    args = [*FIXTURES, "-p", "no:cacheprovider"]
+    flags = ["--qwen-path", str(tmp_path / "qwen"), "--sprite-artifacts", str(tmp_path / "art")]
+    pytester.runpytest_inprocess(*args, *flags).assert_outcomes(passed=1)
+
+
+def test_fixture_reads_qwen_path_from_the_environment(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPRITE_QWEN_PATH", "/models/qwen2.5-0.5b")
+    pytester.makepyfile(
+        """
+        def test_env(lora_qwen):
+            assert str(lora_qwen.qwen_path) == "/models/qwen2.5-0.5b"
+            assert lora_qwen.artifacts is None
+        """
+    )
+    monkeypatch.delenv("SPRITE_ARTIFACTS", raising=False)
+    pytester.runpytest_inprocess(*FIXTURES, "-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_xpu_mesh_without_ranks_is_a_private_one_rank_mesh(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        import torch.distributed as dist
+
+        def test_mesh(xpu_mesh):
+            assert xpu_mesh.device_type == "cpu"
+            assert xpu_mesh.mesh_dim_names == ("data_parallel",)
+            assert xpu_mesh.size() == 1
+            x = torch.ones(2)
+            dist.all_reduce(x, group=xpu_mesh.get_group())
+            assert x.tolist() == [1.0, 1.0]
+
+        def test_process_group_is_gone_afterwards():
+            assert not dist.is_initialized()
+        """
+    )
+    pytester.runpytest_inprocess(*FIXTURES, "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="ranks tests fork")
+@pytest.mark.ranks(2)
+def test_xpu_mesh_spans_the_ranks_of_the_test(world: Any, xpu_mesh: Any) -> None:
+    import torch.distributed as dist
+
+    assert xpu_mesh.device_type == world.device.type == "cpu"
+    assert xpu_mesh.mesh_dim_names == ("data_parallel",) and xpu_mesh.size() == world.size
+    x = torch.tensor([float(world.rank + 1)])
+    dist.all_reduce(x, group=xpu_mesh.get_group())
+    assert x.item() == sum(range(1, world.size + 1))
+    assert tensor_digest(x) == world.broadcast_object(tensor_digest(x))
