@@ -83,6 +83,7 @@ class Agent:
         self.rank = rank
         self.sock = sock
         self.child: _Child | None = None
+        self.reserved: socket.socket | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
 
     # -- main loop ---------------------------------------------------------------------------
@@ -95,6 +96,8 @@ class Agent:
         finally:
             if self.child is not None:
                 self._kill_child()
+            if self.reserved is not None:
+                self.reserved.close()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _loop_once(self) -> bool:
@@ -104,6 +107,8 @@ class Agent:
         readable, _, _ = select.select(watched, [], [], 0.1)
         if self.child is not None and self.child.rfd in readable:
             self.child.eof = self._relay_child_output()
+            if self.child.eof:  # the child closes its pipe only by exiting: reap it now, not at the next tick
+                self._reap(block=True)
         if self.sock in readable:
             frame = recv_frame(self.sock)
             if frame is None:  # the controller went away: nothing left to serve
@@ -124,11 +129,18 @@ class Agent:
     # -- commands ------------------------------------------------------------------------------
 
     def cmd_reserve_port(self, host: str) -> None:
-        """Reserve a free port on this host for the next test's rendezvous (rank 0 hosts the store)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-            port = s.getsockname()[1]
-        send_frame(self.sock, "port_reserved", rank=self.rank, port=port)
+        """Open the next test's rendezvous socket on this host (rank 0's child hosts the store on it).
+
+        The socket is already listening when the other ranks connect, so no client is refused and
+        none waits out TCPStore's reconnect backoff; the port is the test's own.
+        """
+        if self.reserved is not None:
+            self.reserved.close()
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("" if host not in ("127.0.0.1", "localhost") else "127.0.0.1", 0))
+        listener.listen(1024)
+        self.reserved = listener
+        send_frame(self.sock, "port_reserved", rank=self.rank, port=listener.getsockname()[1])
 
     def cmd_run(self, run_id: int, nodeid: str, **spec: Any) -> None:
         """Fork a fresh child that runs ``nodeid`` as rank ``spec['rank']`` of ``spec['world_size']``."""
@@ -146,6 +158,7 @@ class Agent:
             return
         run_dir = self.workdir / f"run{run_id}"
         run_dir.mkdir()
+        listener, self.reserved = self.reserved, None
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the test child
@@ -154,10 +167,13 @@ class Agent:
                 self.sock.close()
                 from .child import run_child
 
-                run_child(item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, **spec)
+                listen_fd = listener.fileno() if listener is not None and spec["rank"] == 0 else None
+                run_child(item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, listen_fd=listen_fd, **spec)
             finally:
                 os._exit(70)
         os.close(wfd)
+        if listener is not None:
+            listener.close()  # the child holds its own copy
         os.set_blocking(rfd, False)
         self.child = _Child(run_id=run_id, pid=pid, rfd=rfd, run_dir=run_dir)
         send_frame(self.sock, "child_started", run_id=run_id, rank=self.rank, pid=pid)
@@ -207,9 +223,12 @@ class Agent:
                 self.sock.sendall(frame)
 
     def _reap_if_exited(self) -> None:
+        self._reap(block=False)
+
+    def _reap(self, *, block: bool) -> None:
         child = self.child
         assert child is not None
-        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        pid, status = os.waitpid(child.pid, 0 if block else os.WNOHANG)
         if pid == 0:
             return
         child.status = status

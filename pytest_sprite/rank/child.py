@@ -47,6 +47,8 @@ class ChildSpec:
     master_port: int
     device: str
     timeout: float
+    listen_fd: int | None = None
+    """Rank 0: an already listening socket for the rendezvous store (see the agent's reserve_port)."""
 
 
 class _Channel:
@@ -99,12 +101,18 @@ class ChildSession:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_size))
         device, backend = select_device(spec.device, spec.local_rank, spec.local_size)
         if not dist.is_initialized():
-            dist.init_process_group(
-                backend=backend,
-                init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                rank=spec.rank,
+            timeout = timedelta(seconds=spec.timeout + 60)
+            store = dist.TCPStore(
+                spec.master_addr,
+                spec.master_port,
                 world_size=spec.world_size,
-                timeout=timedelta(seconds=spec.timeout + 60),
+                is_master=spec.rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+                master_listen_fd=spec.listen_fd if spec.rank == 0 else None,
+            )
+            dist.init_process_group(
+                backend=backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
             )
         return World(
             rank=spec.rank,

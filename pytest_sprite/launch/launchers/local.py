@@ -61,6 +61,17 @@ class _ForkedAgents:
                 break
 
 
+def _preimport_torch() -> None:
+    """Import torch.distributed once, before forking: every agent and child shares it copy-on-write.
+
+    No device is touched: this is the import only, as collection of a torch test module does.
+    """
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        pass
+
+
 class LocalLauncher:
     """Forks W agents of this very process (one host, no external launcher)."""
 
@@ -74,6 +85,7 @@ class LocalLauncher:
         if request.fork_agent is None:
             raise ValueError("the local launcher needs LaunchRequest.fork_agent")
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
+        _preimport_torch()
         pids = []
         for rank in range(request.world_size):
             pid = os.fork()
