@@ -137,3 +137,16 @@ def test_catalogue_names_every_seed_fault() -> None:
     planted = {n for n, f in FAULTS.items() if f.applied_by == "lora_qwen.run"}
     assert planted == {"missing-rank", "wrong-scale", "accumulate-sum"}
     assert FAULTS["missing-rank"].arms == ("ddp", "fsdp")
+
+
+def test_importing_the_assertions_and_recipes_loads_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import pytest_sprite.assertions, pytest_sprite.recipes, pytest_sprite.recipes.fixtures\n"
+        "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'peft') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

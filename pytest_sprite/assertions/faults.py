@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions.parity import PARITY_CHECKS
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [
@@ -155,8 +156,6 @@ class expect_fault_rejected:
     """
 
     def __init__(self, fault: str, by: str | Iterable[str] | None = None) -> None:
-        from pytest_sprite.assertions.parity import PARITY_CHECKS
-
         self.fault = get_fault(fault).name
         required = (by,) if isinstance(by, str) else tuple(by) if by is not None else ()
         unknown = [c for c in required if c not in PARITY_CHECKS]

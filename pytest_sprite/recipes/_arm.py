@@ -99,11 +99,17 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 
 def _global_norm(params: list[torch.nn.Parameter]) -> float:
-    total = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is not None:
-            total += _full(p.grad.detach()).double().pow(2).sum().cpu()
-    return float(total.sqrt())
+    """L2 norm over every gradient, in float64; one collective when the gradients are DTensors."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad.detach().to(torch.float64) for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    sharded = [isinstance(g, DTensor) for g in grads]
+    if all(sharded) or not any(sharded):
+        return float(_full(torch.nn.utils.get_total_norm(grads, norm_type=2.0)).cpu())
+    total = sum(float(_full(g).pow(2).sum()) for g in grads)  # a mix: whole values tensor by tensor
+    return total**0.5
 
 
 class _RecordingSGD(torch.optim.SGD):
@@ -252,6 +258,48 @@ def _quiet_lightning() -> Iterator[None]:
             lg.setLevel(level)
 
 
+def _lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]:
+    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device.
+
+    ``trainer_kwargs`` covers the devices the code under test targets, xpu and cpu. On CUDA (the seed's A100
+    runs) the same strategies run under Lightning's own CUDA accelerator: FP32 only, since the mixed-precision
+    plugin is built per device type by ``trainer_kwargs``.
+    """
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from pytest_sprite.lightning import trainer_kwargs
+
+    accelerator = world.device.type
+    cuda = accelerator == "cuda"
+    if cuda and precision != "32-true":
+        raise SpriteUsageError(
+            f"precision={precision!r} on CUDA: the recipe runs CUDA arms in '32-true' only, because "
+            "trainer_kwargs builds its mixed-precision plugin for xpu and cpu; run BF16 arms on XPU or CPU"
+        )
+    target = "cpu" if cuda else accelerator
+    if kind == "single":
+        devices: Any = [world.device.index or 0] if accelerator == "xpu" else 1
+        kwargs = trainer_kwargs("single", devices=devices, precision=precision, accelerator=target)  # type: ignore[arg-type]
+        if cuda:
+            kwargs["strategy"] = SingleDeviceStrategy(device=world.device)
+            kwargs["devices"] = [world.device.index or 0]
+    else:
+        if world.size % world.local_size:
+            raise SpriteUsageError(
+                f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
+            )
+        kwargs = trainer_kwargs(
+            kind,  # type: ignore[arg-type]
+            devices=world.local_size,
+            num_nodes=world.size // world.local_size,
+            precision=precision,
+            accelerator=target,  # type: ignore[arg-type]
+        )
+    if cuda:
+        kwargs["accelerator"] = "cuda"
+    return kwargs
+
+
 def _fit(
     plan: ArmPlan,
     *,
@@ -262,25 +310,8 @@ def _fit(
     world_size: int,
     strategy: Any,
 ) -> _Trace:
-    from pytest_sprite.lightning import trainer_kwargs
-
     ident = plan.identity
-    accelerator = world.device.type
-    if kind == "single":
-        devices: Any = 1 if accelerator == "cpu" else [world.device.index or 0]
-        kwargs = trainer_kwargs("single", devices=devices, precision=plan.precision, accelerator=accelerator)
-    else:
-        if world.size % world.local_size:
-            raise SpriteUsageError(
-                f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
-            )
-        kwargs = trainer_kwargs(
-            kind,
-            devices=world.local_size,
-            num_nodes=world.size // world.local_size,
-            precision=plan.precision,
-            accelerator=accelerator,
-        )
+    kwargs = _lightning_kwargs(kind, world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
     factor = loss_factor(plan.fault, rank=world.rank, world_size=world_size, accumulate=plan.accumulate)

@@ -100,24 +100,27 @@ class LoraQwen:
 
     def build_model(self) -> LoraQwenClassifier:
         """A fresh copy of the recipe's model (CPU, FP32, seeded), identical on every rank and every call."""
+        return copy.deepcopy(self._pristine())
+
+    def _pristine(self) -> LoraQwenClassifier:
+        """The model as built, kept untouched: every arm trains a copy of it."""
         if self._model is None:
             from pytest_sprite.recipes._model import build_lora_qwen
 
             self._model, self._model_id = build_lora_qwen(seed=self.seed, qwen_path=self.qwen_path)
-        return copy.deepcopy(self._model)
+        return self._model
 
     @property
     def model_id(self) -> str:
         """Identity of the backbone: ``tiny-qwen2:<config digest>`` or the real weights' path and digest."""
-        if self._model is None:
-            self.build_model()
+        self._pristine()
         return self._model_id
 
     def rows(self, *, steps: int, global_batch: int) -> Rows:
         """The rows of a run of ``steps`` steps of ``global_batch`` rows."""
         from pytest_sprite.recipes._model import make_rows
 
-        vocab = self.build_model().vocab_size if self._model is None else self._model.vocab_size
+        vocab = self._pristine().vocab_size
         return make_rows(seed=self.seed, rows=steps * global_batch, seq_len=self.seq_len, vocab_size=vocab)
 
     def run(
@@ -183,7 +186,7 @@ class LoraQwen:
                 "process without a process group"
             )
         steps_, clip_, batch_ = steps, float(clip), global_batch
-        self.build_model()
+        self._pristine()
         rows = self.rows(steps=steps_, global_batch=batch_)
         identity = RecipeIdentity(
             model=self._model_id,
@@ -214,12 +217,9 @@ class LoraQwen:
         if arm == "single":
             record = self.world.run_on_rank(
                 0,
-                _arm.run_single,
-                plan,
-                model=self.build_model(),
-                rows=rows,
-                world=self.world,
-                strategy=strategy,
+                lambda: _arm.run_single(
+                    plan, model=self.build_model(), rows=rows, world=self.world, strategy=strategy
+                ),
             )
         else:
             record = _arm.run_distributed(
