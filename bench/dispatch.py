@@ -98,19 +98,25 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return elapsed
 
 
 def pair(worker: Path, rounds: int, env: dict[str, str]) -> None:
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(worker), str(r), port, str(rounds)], env=env) for r in (0, 1)]
+    procs = [
+        subprocess.Popen([sys.executable, str(worker), str(r), port, str(rounds)], env=env) for r in (0, 1)
+    ]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("cold spawn worker failed")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tests", type=int, default=20)
     n = parser.parse_args().tests
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -12,7 +12,9 @@ __all__ = ["DEVICE_CHOICES", "select_device"]
 DEVICE_CHOICES: Final = ("auto", "cpu", "cuda", "xpu")
 
 
-def select_device(preference: str, local_rank: int, local_size: int, *, bind: bool = True) -> tuple[torch.device, str]:
+def select_device(
+    preference: str, local_rank: int, local_size: int, *, bind: bool = True
+) -> tuple[torch.device, str]:
     """The device and backend for a rank: XPU if present, else CUDA, else CPU.
 
     ``xpu:<local rank>`` with xccl, or ``cuda:<local rank>`` with nccl, when every local rank has its
@@ -29,7 +31,9 @@ def select_device(preference: str, local_rank: int, local_size: int, *, bind: bo
         module = getattr(torch, kind, None)
         if module is None or not module.is_available():
             if preference == kind:
-                raise RuntimeError(f"--sprite-device={kind} was asked for, but torch.{kind}.is_available() is False")
+                raise RuntimeError(
+                    f"--sprite-device={kind} was asked for, but torch.{kind}.is_available() is False"
+                )
             continue
         count = module.device_count()
         device = torch.device(kind, local_rank % count)

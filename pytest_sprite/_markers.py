@@ -23,7 +23,9 @@ __all__ = [
 PARAM_NAME: Final = "_sprite_world_size"
 """Hidden parameter that ``ranks([1, 2, 4])`` parametrizes over."""
 
-_EXAMPLES: Final = "use e.g. @pytest.mark.ranks(4), @pytest.mark.ranks([1, 2, 4]) or @pytest.mark.ranks(2, timeout=60)"
+_EXAMPLES: Final = (
+    "use e.g. @pytest.mark.ranks(4), @pytest.mark.ranks([1, 2, 4]) or @pytest.mark.ranks(2, timeout=60)"
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,9 +53,13 @@ def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) 
     prefix = f"@pytest.mark.ranks(...) on {where}"
     unknown = sorted(set(kwargs) - {"timeout"})
     if unknown:
-        raise SpriteUsageError(f"{prefix}: unknown keyword {', '.join(unknown)}; the only keyword is timeout=SECONDS")
+        raise SpriteUsageError(
+            f"{prefix}: unknown keyword {', '.join(unknown)}; the only keyword is timeout=SECONDS"
+        )
     if len(args) != 1:
-        raise SpriteUsageError(f"{prefix}: takes exactly one world size or list of sizes, got {len(args)} arguments; {_EXAMPLES}")
+        raise SpriteUsageError(
+            f"{prefix}: takes exactly one world size or list of sizes, got {len(args)} arguments; {_EXAMPLES}"
+        )
     (arg,) = args
     if isinstance(arg, (list, tuple)):
         if not arg:

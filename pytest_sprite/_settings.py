@@ -35,35 +35,105 @@ class _Option:
 
 
 OPTIONS: Final = (
-    _Option("--ranks", "sprite_ranks", "ranks", "SPRITE_RANKS",
-            "World size the launcher provides (ranks tests needing more are skipped). "
-            "Default: the largest @pytest.mark.ranks seen.", "W"),
-    _Option("--launcher", "sprite_launcher", "launcher", "SPRITE_LAUNCHER",
-            "How rank agents start: local (fork, default), mpiexec, pals, srun, torchrun.", "NAME"),
-    _Option("--rank-timeout", "sprite_rank_timeout", "rank_timeout", "SPRITE_RANK_TIMEOUT",
-            f"Seconds a ranks test may run before every rank's stack is dumped and it fails "
-            f"(marker timeout= overrides). Default: {DEFAULT_TIMEOUT:g}.", "SECONDS"),
-    _Option("--rank-grace", "sprite_rank_grace", "rank_grace", "SPRITE_RANK_GRACE",
-            f"Seconds the other ranks get to finish after one rank failed, before their stacks are "
-            f"taken and they are ended. Default: {DEFAULT_GRACE:g}.", "SECONDS"),
-    _Option("--ppn", "sprite_ppn", "ppn", "SPRITE_PPN",
-            "Ranks per node, for launchers that need it (pals, mpiexec, srun).", "N"),
-    _Option("--launcher-args", "sprite_launcher_args", "launcher_args", "SPRITE_LAUNCHER_ARGS",
-            "Extra words for the launcher command, shell-quoted (e.g. '--cpu-bind list:1-8').", "ARGS"),
-    _Option("--controller-host", "sprite_controller_host", "controller_host", "SPRITE_CONTROLLER_HOST",
-            "Address agents connect back to. Default: 127.0.0.1 for local launches, else this host's name.",
-            "HOST"),
-    _Option("--connect-timeout", "sprite_connect_timeout", "connect_timeout", "SPRITE_CONNECT_TIMEOUT",
-            f"Seconds to wait for every agent to connect. Default: {DEFAULT_CONNECT_TIMEOUT:g}.", "SECONDS"),
-    _Option("--sprite-device", "sprite_device", "sprite_device", "SPRITE_DEVICE",
-            f"Device for test ranks: {', '.join(DEVICE_CHOICES)} (auto: xpu, else cuda, else cpu).", "KIND"),
-    _Option("--sprite-artifacts", "sprite_artifacts", "sprite_artifacts", "SPRITE_ARTIFACTS",
-            "Directory where arms write their records, one fresh directory per test (never overwritten).",
-            "DIR"),
-    _Option("--sprite-report", "sprite_report", "sprite_report", "SPRITE_REPORT",
-            "Write a JSON report of every assertion's figures to PATH (refuses to overwrite).", "PATH"),
-    _Option("--qwen-path", "sprite_qwen_path", "qwen_path", "SPRITE_QWEN_PATH",
-            "Load real Qwen2 weights for lora_qwen from PATH (default: a tiny in-memory config).", "PATH"),
+    _Option(
+        "--ranks",
+        "sprite_ranks",
+        "ranks",
+        "SPRITE_RANKS",
+        "World size the launcher provides (ranks tests needing more are skipped). "
+        "Default: the largest @pytest.mark.ranks seen.",
+        "W",
+    ),
+    _Option(
+        "--launcher",
+        "sprite_launcher",
+        "launcher",
+        "SPRITE_LAUNCHER",
+        "How rank agents start: local (fork, default), mpiexec, pals, srun, torchrun.",
+        "NAME",
+    ),
+    _Option(
+        "--rank-timeout",
+        "sprite_rank_timeout",
+        "rank_timeout",
+        "SPRITE_RANK_TIMEOUT",
+        f"Seconds a ranks test may run before every rank's stack is dumped and it fails "
+        f"(marker timeout= overrides). Default: {DEFAULT_TIMEOUT:g}.",
+        "SECONDS",
+    ),
+    _Option(
+        "--rank-grace",
+        "sprite_rank_grace",
+        "rank_grace",
+        "SPRITE_RANK_GRACE",
+        f"Seconds the other ranks get to finish after one rank failed, before their stacks are "
+        f"taken and they are ended. Default: {DEFAULT_GRACE:g}.",
+        "SECONDS",
+    ),
+    _Option(
+        "--ppn",
+        "sprite_ppn",
+        "ppn",
+        "SPRITE_PPN",
+        "Ranks per node, for launchers that need it (pals, mpiexec, srun).",
+        "N",
+    ),
+    _Option(
+        "--launcher-args",
+        "sprite_launcher_args",
+        "launcher_args",
+        "SPRITE_LAUNCHER_ARGS",
+        "Extra words for the launcher command, shell-quoted (e.g. '--cpu-bind list:1-8').",
+        "ARGS",
+    ),
+    _Option(
+        "--controller-host",
+        "sprite_controller_host",
+        "controller_host",
+        "SPRITE_CONTROLLER_HOST",
+        "Address agents connect back to. Default: 127.0.0.1 for local launches, else this host's name.",
+        "HOST",
+    ),
+    _Option(
+        "--connect-timeout",
+        "sprite_connect_timeout",
+        "connect_timeout",
+        "SPRITE_CONNECT_TIMEOUT",
+        f"Seconds to wait for every agent to connect. Default: {DEFAULT_CONNECT_TIMEOUT:g}.",
+        "SECONDS",
+    ),
+    _Option(
+        "--sprite-device",
+        "sprite_device",
+        "sprite_device",
+        "SPRITE_DEVICE",
+        f"Device for test ranks: {', '.join(DEVICE_CHOICES)} (auto: xpu, else cuda, else cpu).",
+        "KIND",
+    ),
+    _Option(
+        "--sprite-artifacts",
+        "sprite_artifacts",
+        "sprite_artifacts",
+        "SPRITE_ARTIFACTS",
+        "Directory where arms write their records, one fresh directory per test (never overwritten).",
+        "DIR",
+    ),
+    _Option(
+        "--sprite-report",
+        "sprite_report",
+        "sprite_report",
+        "SPRITE_REPORT",
+        "Write a JSON report of every assertion's figures to PATH (refuses to overwrite).",
+        "PATH",
+    ),
+    _Option(
+        "--qwen-path",
+        "sprite_qwen_path",
+        "qwen_path",
+        "SPRITE_QWEN_PATH",
+        "Load real Qwen2 weights for lora_qwen from PATH (default: a tiny in-memory config).",
+        "PATH",
+    ),
 )
 
 settings_key = pytest.StashKey["Settings"]()
@@ -142,7 +212,9 @@ class Settings:
         device = get("sprite_device")
         device_name = str(device[0]).strip() if device else "auto"
         if device_name not in DEVICE_CHOICES:
-            raise SpriteUsageError(f"{device[1]}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")  # type: ignore[index]
+            raise SpriteUsageError(
+                f"{device[1]}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}"
+            )  # type: ignore[index]
         host = get("sprite_controller_host")
 
         def text(dest: str) -> str | None:

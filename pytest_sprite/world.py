@@ -90,7 +90,7 @@ class World:
         padded[: flat.numel()] = flat
         out = [torch.empty_like(padded) for _ in range(self.size)]
         dist.all_gather(out, padded)
-        return [o[: torch.Size(s).numel()].reshape(s) for o, (s, _) in zip(out, shapes)]
+        return [o[: torch.Size(s).numel()].reshape(s) for o, (s, _) in zip(out, shapes, strict=True)]
 
     def gather_object(self, obj: T) -> list[T]:
         """All-gather of a picklable object: every rank receives the list, in rank order."""
@@ -132,7 +132,9 @@ class World:
         if error is not None:
             raise error
         if not ok:
-            raise RuntimeError(f"run_on_rank({rank}, {getattr(fn, '__name__', fn)!r}) failed there: {payload}")
+            raise RuntimeError(
+                f"run_on_rank({rank}, {getattr(fn, '__name__', fn)!r}) failed there: {payload}"
+            )
         return payload
 
     def collect(self, name: str, tensor: torch.Tensor) -> None:
@@ -147,7 +149,9 @@ class World:
 
     def _check_rank(self, rank: int, what: str) -> None:
         if not isinstance(rank, int) or not 0 <= rank < self.size:
-            raise ValueError(f"{what}={rank!r} is outside this world of {self.size} (valid: 0..{self.size - 1})")
+            raise ValueError(
+                f"{what}={rank!r} is outside this world of {self.size} (valid: 0..{self.size - 1})"
+            )
 
 
 _CURRENT: World | None = None

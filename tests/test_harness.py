@@ -170,7 +170,9 @@ def test_crashes_name_rank_phase_and_signal_and_the_next_test_passes(pytester: p
         ["*test_next_1 PASSED*", "*test_next_2 PASSED*", "*test_next_3 PASSED*"]
     )
     # The crashed rank is shown first: it is the cause, its peers' gloo errors the consequence.
-    result.stdout.fnmatch_lines(["FAILED *::test_segv_in_call - [[]rank 1[]] rank 1 CRASHED with signal 11 (SIGSEGV) during call*"])
+    result.stdout.fnmatch_lines(
+        ["FAILED *::test_segv_in_call - [[]rank 1[]] rank 1 CRASHED with signal 11 (SIGSEGV) during call*"]
+    )
     out = result.stdout.str()
     for line in (
         "rank 1 CRASHED with signal 11 (SIGSEGV) during call",
@@ -208,9 +210,12 @@ def test_hang_dumps_every_rank_stack_and_the_next_test_passes(pytester: pytest.P
     result.stdout.fnmatch_lines(["*test_next PASSED*"])
     out = result.stdout.str()
     blocks = {rank: out.split(f"- rank {rank} -")[1].split("- rank ")[0] for rank in (0, 1)}
-    assert "rank 0 was still running after the 4s timeout (from @pytest.mark.ranks(timeout=...)) (during call)" in blocks[0]
+    assert (
+        "rank 0 was still running after the 4s timeout (from @pytest.mark.ranks(timeout=...)) (during call)"
+        in blocks[0]
+    )
     assert "stacks of rank 0 (most recent call first)" in blocks[0]
-    assert ".py\", line 6 in wait_forever" in blocks[0]
+    assert '.py", line 6 in wait_forever' in blocks[0]
     assert "rank 1 was still running after the 4s timeout" in blocks[1]
     assert "stacks of rank 1 (most recent call first)" in blocks[1]
     assert "in barrier" in blocks[1]
@@ -366,5 +371,7 @@ def test_disabling_the_plugin_runs_tests_as_plain_pytest(pytester: pytest.Pytest
             assert not dist.is_initialized()
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT
+    )
     result.assert_outcomes(passed=1)

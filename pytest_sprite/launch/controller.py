@@ -44,7 +44,9 @@ def ranks_spec(node: Any) -> RanksSpec | None:
     mark = node.get_closest_marker("ranks")
     if mark is None:
         return None
-    return parse_ranks_marker(mark.args, dict(mark.kwargs), getattr(node, "nodeid", getattr(node, "name", "?")))
+    return parse_ranks_marker(
+        mark.args, dict(mark.kwargs), getattr(node, "nodeid", getattr(node, "name", "?"))
+    )
 
 
 def item_world_size(item: pytest.Item) -> int | None:
@@ -68,7 +70,9 @@ class _Agent:
 class AgentPool:
     """The W rank agents of one launch, their sockets, and the one event queue."""
 
-    def __init__(self, config: pytest.Config, settings: Settings, world_size: int, items: dict[str, pytest.Item]) -> None:
+    def __init__(
+        self, config: pytest.Config, settings: Settings, world_size: int, items: dict[str, pytest.Item]
+    ) -> None:
         self.config = config
         self.settings = settings
         self.world_size = world_size
@@ -105,8 +109,14 @@ class AgentPool:
             from ..rank.main import forked_agent_main
 
             forked_agent_main(
-                config=config, items=items, rank=rank, world_size=world,
-                host=advertised, port=port, token=token, log_path=log_path,
+                config=config,
+                items=items,
+                rank=rank,
+                world_size=world,
+                host=advertised,
+                port=port,
+                token=token,
+                log_path=log_path,
             )
 
         request = LaunchRequest(
@@ -114,7 +124,13 @@ class AgentPool:
             controller_host=advertised,
             controller_port=port,
             token=token,
-            agent_argv=(sys.executable, "-m", "pytest", *config.invocation_params.args, f"--sprite-agent={advertised}:{port}"),
+            agent_argv=(
+                sys.executable,
+                "-m",
+                "pytest",
+                *config.invocation_params.args,
+                f"--sprite-agent={advertised}:{port}",
+            ),
             ppn=self.settings.ppn,
             launcher_args=self.settings.launcher_args,
             env={"SPRITE_TOKEN": token, "SPRITE_WORLD_SIZE": str(world)},
@@ -154,7 +170,9 @@ class AgentPool:
                 continue
             self._register(conn, hello[1])
         for agent in self.agents.values():
-            thread = threading.Thread(target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True)
+            thread = threading.Thread(
+                target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
 
@@ -171,7 +189,13 @@ class AgentPool:
                 f"{hello['pid']} on {hello['host']}): the launcher's rank variables are not per process"
             )
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.agents[rank] = _Agent(rank=rank, sock=conn, host=str(hello["host"]), local_rank=int(hello["local_rank"]), pid=int(hello["pid"]))
+        self.agents[rank] = _Agent(
+            rank=rank,
+            sock=conn,
+            host=str(hello["host"]),
+            local_rank=int(hello["local_rank"]),
+            pid=int(hello["pid"]),
+        )
 
     def _read_agent(self, agent: _Agent) -> None:
         """Reader thread: enqueue every frame; never raise, never block the controller."""
@@ -223,7 +247,9 @@ class AgentPool:
                 return int(payload["port"])
             if event == "agent_lost":
                 self.broken = f"rank agent {rank} was lost"
-                raise LaunchError(f"rank agent {rank} was lost while reserving a rendezvous port. {self._tail()}")
+                raise LaunchError(
+                    f"rank agent {rank} was lost while reserving a rendezvous port. {self._tail()}"
+                )
         raise LaunchError(f"rank agent 0 did not answer a port reservation within 30s. {self._tail()}")
 
     def _tail(self) -> str:
@@ -365,7 +391,9 @@ class Controller:
         """Run ``item`` on ranks 0..n-1 and wait until every child has ended."""
         timeout, source = self._timeout_for(item)
         self._run_ids += 1
-        run = _Run(run_id=self._run_ids, item=item, n=n, timeout=timeout, timeout_source=source, started=monotonic())
+        run = _Run(
+            run_id=self._run_ids, item=item, n=n, timeout=timeout, timeout_source=source, started=monotonic()
+        )
         try:
             pool = self.ensure_pool()
             master = "127.0.0.1" if self.settings.launcher == "local" else pool.agents[0].host
@@ -380,8 +408,16 @@ class Controller:
         placement = pool.placement(n)
         for rank in range(n):
             pool.send(
-                rank, "run", run_id=run.run_id, nodeid=item.nodeid, rank=rank, world_size=n,
-                master_addr=master, master_port=port, device=self.settings.device, timeout=timeout,
+                rank,
+                "run",
+                run_id=run.run_id,
+                nodeid=item.nodeid,
+                rank=rank,
+                world_size=n,
+                master_addr=master,
+                master_port=port,
+                device=self.settings.device,
+                timeout=timeout,
                 **placement[rank],
             )
         try:
@@ -465,17 +501,24 @@ class Controller:
         for r in run.live:
             if r == rank or r not in pool.agents or pool.broken:
                 run.ends[r] = RankEnd(
-                    rank=r, ended_by="agent_lost", detail=f"the connection to rank agent {rank} closed", output_tail=tail
+                    rank=r,
+                    ended_by="agent_lost",
+                    detail=f"the connection to rank agent {rank} closed",
+                    output_tail=tail,
                 )
         run.note_failure(rank)
 
     def _check_deadlines(self, pool: AgentPool, run: _Run) -> None:
         now = monotonic()
         if now - run.started > run.timeout:
-            self._abort(pool, run, "timeout", f"after the {run.timeout:g}s timeout (from {run.timeout_source})")
+            self._abort(
+                pool, run, "timeout", f"after the {run.timeout:g}s timeout (from {run.timeout_source})"
+            )
         elif run.first_failure is not None and now - run.first_failure > self.settings.grace:
             self._abort(
-                pool, run, "peer_failed",
+                pool,
+                run,
+                "peer_failed",
                 f"{self.settings.grace:g}s after {fold_ranks(run.failed)} failed (--rank-grace)",
             )
         for rank, when in list(run.aborted.items()):

@@ -91,7 +91,9 @@ def describe_end(end: RankEnd, phase: str) -> str:
     """One-paragraph explanation of an abnormal end, naming the rank, phase and cause."""
     who = f"rank {end.rank}"
     if end.ended_by == "timeout":
-        head = f"{who} was still running {end.detail} (during {phase}); its Python stacks at that moment follow"
+        head = (
+            f"{who} was still running {end.detail} (during {phase}); its Python stacks at that moment follow"
+        )
     elif end.ended_by == "peer_failed":
         head = f"{who} was ended during {phase} {end.detail}; its Python stacks at that moment follow"
     elif end.ended_by == "agent_lost":
@@ -160,7 +162,9 @@ def _failure_key(longrepr: Any) -> Any:
     return str(longrepr)
 
 
-def _synthesize(template: TestReport | None, nodeid: str, location: Any, keywords: Any, phase: str, text: str) -> TestReport:
+def _synthesize(
+    template: TestReport | None, nodeid: str, location: Any, keywords: Any, phase: str, text: str
+) -> TestReport:
     return TestReport(
         nodeid=nodeid,
         location=location,
@@ -213,7 +217,9 @@ def merge_rank_reports(
     for phase in PHASES:
         if by_phase[phase]:
             merged.append(
-                _merge_phase(phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order, ends)
+                _merge_phase(
+                    phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order, ends
+                )
             )
     return merged
 

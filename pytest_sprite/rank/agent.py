@@ -168,7 +168,9 @@ class Agent:
                 from .child import run_child
 
                 listen_fd = listener.fileno() if listener is not None and spec["rank"] == 0 else None
-                run_child(item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, listen_fd=listen_fd, **spec)
+                run_child(
+                    item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, listen_fd=listen_fd, **spec
+                )
             finally:
                 os._exit(70)
         os.close(wfd)
@@ -258,7 +260,11 @@ class Agent:
         exitcode = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         tails = []
-        for name, label in (("output.log", "uncaptured output"), ("capture-out.log", "stdout"), ("capture-err.log", "stderr")):
+        for name, label in (
+            ("output.log", "uncaptured output"),
+            ("capture-out.log", "stdout"),
+            ("capture-err.log", "stderr"),
+        ):
             text = _tail(child.run_dir / name)
             if text.strip():
                 tails.append(f"[{label}]\n{text}")

@@ -197,7 +197,11 @@ def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
         if not isinstance(cap, FDCapture) or cap._state != "suspended":
             continue
         new = EncodedFile(
-            open(run_dir / name, "w+b", buffering=0), encoding="utf-8", errors="replace", newline="", write_through=True
+            open(run_dir / name, "w+b", buffering=0),
+            encoding="utf-8",
+            errors="replace",
+            newline="",
+            write_through=True,
         )
         cap.tmpfile.close()
         cap.tmpfile = new
@@ -205,7 +209,9 @@ def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
             cap.syscapture.tmpfile = new
 
 
-def run_child(*, item: pytest.Item, write_fd: int, run_dir: Path, run_id: int, **spec_fields: Any) -> NoReturn:
+def run_child(
+    *, item: pytest.Item, write_fd: int, run_dir: Path, run_id: int, **spec_fields: Any
+) -> NoReturn:
     """Run one item as one rank and end the process; never returns."""
     code = 0
     spec = ChildSpec(run_id=run_id, **spec_fields)

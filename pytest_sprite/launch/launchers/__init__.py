@@ -26,7 +26,9 @@ def get_launcher(name: str) -> Launcher:
     try:
         target = _REGISTRY[name]
     except KeyError:
-        raise LaunchError(f"--launcher={name!r} is not a known launcher; valid: {', '.join(LAUNCHER_NAMES)}") from None
+        raise LaunchError(
+            f"--launcher={name!r} is not a known launcher; valid: {', '.join(LAUNCHER_NAMES)}"
+        ) from None
     module_name, _, cls_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
