@@ -1,0 +1,56 @@
+"""Loading the plugin imports no torch; the code under test never imports the plugin."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+
+def python(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_loading_the_plugin_imports_no_torch() -> None:
+    out = python(
+        "import sys, pytest_sprite, pytest_sprite.plugin, pytest_sprite.fixtures, pytest_sprite.launch.controller;"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    assert out == "[]"
+
+
+def test_code_under_test_does_not_load_the_plugin() -> None:
+    out = python(
+        "import sys, pytest_sprite.lightning;"
+        "print(sorted(m for m in sys.modules if m in ('pytest', '_pytest') or m.startswith(('pytest_sprite.plugin',"
+        " 'pytest_sprite.launch', 'pytest_sprite.rank', 'pytest_sprite.assertions', '_pytest.', 'pytest.'))))"
+    )
+    assert out == "[]"
+
+
+def test_rank_side_does_not_import_the_controller_side() -> None:
+    out = python(
+        "import sys, pytest_sprite.rank.agent, pytest_sprite.rank.child, pytest_sprite.rank.main;"
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_sprite.launch')))"
+    )
+    assert out == "[]"
+
+
+def test_a_collect_only_session_starts_no_agents(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_x(world):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--co", "-q", timeout=120)
+    result.stdout.fnmatch_lines(["*test_x*", "*1 test collected*"])
+    assert result.ret == 0
