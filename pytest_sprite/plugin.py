@@ -14,7 +14,7 @@ from ._markers import PARAM_NAME, parse_ranks_marker
 from ._settings import Settings, register_options, settings_key
 from .errors import SpriteUsageError
 
-pytest_plugins = ["pytest_sprite.fixtures"]
+pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
 
 RANKS_MARKER_HELP = (
     "ranks(n, timeout=None): run the test body on n ranks, each a fresh process with torch.distributed "
