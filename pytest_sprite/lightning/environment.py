@@ -15,11 +15,14 @@ import os
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
 from pytest_sprite._rankenv import RankInfo, read_rank_env, rendezvous_host, rendezvous_port
-from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.errors import RankEnvError, SpriteUsageError
 
 __all__ = ["PALSEnvironment"]
 
 _log = logging.getLogger(__name__)
+
+# Where rendezvous_port finds a port all ranks agree on without communicating.
+_PORT_SOURCES = ("MASTER_PORT", "PBS_JOBID", "SLURM_JOB_ID", "SLURM_JOBID")
 
 
 class PALSEnvironment(ClusterEnvironment):
@@ -49,6 +52,14 @@ class PALSEnvironment(ClusterEnvironment):
     @property
     def main_port(self) -> int:
         if self._main_port is None:
+            if self.world_size() > 1 and not any(os.environ.get(name, "").strip() for name in _PORT_SOURCES):
+                # rendezvous_port's last resort is a port this process finds free: every rank would pick
+                # its own and the rendezvous would hang until its timeout.
+                raise RankEnvError(
+                    f"no rendezvous port for {self.world_size()} ranks: none of {', '.join(_PORT_SOURCES)} is "
+                    f"set, and a free port chosen by each rank alone differs between ranks. Run inside a PBS "
+                    f"job (PBS_JOBID derives the port) or launch with `mpiexec --env MASTER_PORT=<port> ...`."
+                )
             self._main_port = rendezvous_port()
         return self._main_port
 

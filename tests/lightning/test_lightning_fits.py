@@ -26,11 +26,22 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from pytest_sprite.errors import RankEnvError, SpriteUsageError
 from pytest_sprite.lightning import FSDP2Strategy, XPUDDPStrategy, shard_model, trainer_kwargs
 
-pytestmark = pytest.mark.cpu
-
 ROWS = 32
 PER_RANK_BATCH = 4
 WIDTH = 8
+
+
+@pytest.fixture(autouse=True)
+def cpu_fits_need_a_cpu_world(request: pytest.FixtureRequest) -> None:
+    """The cpu tests fit with accelerator="cpu" and need the harness's gloo world, not an XPU/CUDA one."""
+    if request.node.get_closest_marker("cpu") is None or "world" not in request.fixturenames:
+        return
+    device = request.getfixturevalue("world").device
+    if device.type != "cpu":
+        pytest.skip(
+            f"CPU fits need the harness's CPU world (gloo), this one computes on {device}; "
+            f"run them with --sprite-device=cpu"
+        )
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -127,15 +138,19 @@ def make_trainer(
     world_size: int,
     root: Path,
     *,
+    accelerator: str = "cpu",
+    local_size: int | None = None,
     strategy: Any = None,
     precision: str = "32-true",
     **trainer_args: Any,
 ) -> L.Trainer:
+    devices = 1 if kind == "single" else (local_size or world_size)
     kwargs = trainer_kwargs(
         kind,  # type: ignore[arg-type]
-        devices=1 if kind == "single" else world_size,
+        devices=devices,
+        num_nodes=1 if kind == "single" else world_size // devices,
         precision=precision,
-        accelerator="cpu",
+        accelerator=accelerator,  # type: ignore[arg-type]
     )
     if strategy is not None:
         kwargs["strategy"] = strategy
@@ -155,6 +170,8 @@ def make_trainer(
 
 def fit(kind: str, module: Classifier, world: Any, root: Path, **kwargs: Any) -> L.Trainer:
     ckpt_path = kwargs.pop("ckpt_path", None)
+    if kwargs.get("accelerator", "cpu") != "cpu":
+        kwargs["local_size"] = world.local_size
     trainer = make_trainer(kind, world.size, root, **kwargs)
     trainer.fit(module, loader(kind, world.size, world.rank), ckpt_path=ckpt_path)
     return trainer
@@ -217,6 +234,7 @@ class OnTrainStart(L.Callback):
 # fits
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks([2, 4])
 def test_ddp_trains_keeps_replicas_bitwise_equal_and_matches_one_device(world: Any, tmp_path: Path) -> None:
     before = loss_on_all_rows(full_params(Classifier()))
@@ -235,6 +253,7 @@ def test_ddp_trains_keeps_replicas_bitwise_equal_and_matches_one_device(world: A
     assert loss_on_all_rows(params) < before
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks([2, 4])
 def test_fsdp_shards_every_parameter_and_matches_one_device(world: Any, tmp_path: Path) -> None:
     before = loss_on_all_rows(full_params(Classifier()))
@@ -262,6 +281,7 @@ def test_fsdp_shards_every_parameter_and_matches_one_device(world: Any, tmp_path
     assert metrics["val_loss"] == pytest.approx(loss_on_all_rows(params), rel=1e-5)
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(2)
 def test_fsdp_clips_by_the_global_norm_of_the_sharded_gradients(world: Any, tmp_path: Path) -> None:
     clip = 0.01
@@ -309,6 +329,7 @@ class HeadOutside(Classifier):
         return self.head(self.net(x))
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(2)
 def test_fsdp_refuses_a_trainable_head_outside_fully_shard_before_the_first_step(
     world: Any, tmp_path: Path
@@ -331,6 +352,7 @@ def test_fsdp_refuses_a_trainable_head_outside_fully_shard_before_the_first_step
     assert frozen.steps == 1
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(2)
 def test_bf16_mixed_runs_linear_layers_in_bf16_under_ddp_and_fsdp(world: Any, tmp_path: Path) -> None:
     for kind in ("ddp", "fsdp"):
@@ -348,6 +370,7 @@ def test_bf16_mixed_runs_linear_layers_in_bf16_under_ddp_and_fsdp(world: Any, tm
         assert all(p.dtype == torch.float32 for p in module.parameters()), kind
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(4)
 def test_a_trainer_that_disagrees_with_the_launch_is_refused_before_fitting(
     world: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -366,6 +389,44 @@ def test_a_trainer_that_disagrees_with_the_launch_is_refused_before_fitting(
         RankEnvError, match=rf"the initialized process group has this process as rank {world.rank}"
     ):
         make_trainer("ddp", 4, tmp_path)
+
+
+@pytest.mark.xpu
+@pytest.mark.ranks(2)
+def test_the_same_fits_on_xpu_tiles(world: Any, tmp_path: Path) -> None:
+    """On real tiles (not run in CI): one device, DDP and FSDP2 agree, and bf16-mixed is bf16 on XPU."""
+    if world.device.type != "xpu":
+        pytest.skip(f"needs the harness on XPU tiles (xccl); this world computes on {world.device}")
+    reference = Classifier()
+    fit("single", reference, world, tmp_path / "single", accelerator="xpu")
+    expected = full_params(reference)
+    for kind in ("ddp", "fsdp"):
+        module = Classifier()
+        trainer = fit(kind, module, world, tmp_path / kind, accelerator="xpu")
+        assert trainer.strategy.root_device == world.device, kind
+        params = full_params(module)
+        if kind == "ddp":
+            for rank, replica in enumerate(world.gather_object(params)):
+                assert_bitwise_equal(replica, params, f"rank {rank} vs rank {world.rank}")
+        else:
+            assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in module.parameters())
+        torch.testing.assert_close(params, expected, rtol=1e-4, atol=1e-5)
+
+    module = Classifier()
+    dtypes: set[torch.dtype] = set()
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            sub.register_forward_hook(lambda mod, args, out, seen=dtypes: seen.add(out.dtype))
+    fit(
+        "ddp",
+        module,
+        world,
+        tmp_path / "bf16",
+        accelerator="xpu",
+        precision="bf16-mixed",
+        limit_train_batches=2,
+    )
+    assert dtypes == {torch.bfloat16}
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -399,6 +460,7 @@ def resumed_snapshot(
     return seen["state"]
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(2)
 def test_fsdp_sharded_and_full_state_checkpoints_restore_bit_for_bit(world: Any, tmp_path: Path) -> None:
     shared = shared_dir(world, tmp_path)
@@ -424,6 +486,7 @@ def test_fsdp_sharded_and_full_state_checkpoints_restore_bit_for_bit(world: Any,
             )
 
 
+@pytest.mark.cpu
 @pytest.mark.ranks(2)
 def test_a_ddp_checkpoint_of_a_partly_frozen_model_resumes_under_fsdp2(world: Any, tmp_path: Path) -> None:
     # Lightning re-keys this optimizer state by position among all module parameters, frozen ones
@@ -474,6 +537,7 @@ def unlaunched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.mark.cpu
 def test_an_in_process_fit_leaves_the_environment_and_process_group_as_found(
     unlaunched: None, tmp_path: Path
 ) -> None:

@@ -536,6 +536,18 @@ def test_pals_environment_reads_the_launch_and_rendezvous(
     assert (env.global_rank(), env.world_size()) == (3, 4)
 
 
+def test_pals_environment_refuses_a_port_each_rank_would_choose_alone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pals_launch(monkeypatch, tmp_path, rank=3, local_rank=1)
+    monkeypatch.delenv("PBS_JOBID")
+    env = PALSEnvironment()
+    with pytest.raises(RankEnvError, match=r"no rendezvous port for 4 ranks: none of MASTER_PORT, PBS_JOBID"):
+        env.main_port  # noqa: B018
+    monkeypatch.setenv("MASTER_PORT", "29123")
+    assert env.main_port == 29123
+
+
 def test_pals_environment_refuses_a_stale_rank_from_an_outer_launcher(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
