@@ -68,8 +68,6 @@ def run_once(ranks: int, workdir: Path) -> dict[str, Any]:
         "-q",
         "-p",
         "no:cacheprovider",
-        "-p",
-        "pytest_sprite.recipes.fixtures",
         f"--ranks={ranks}",
     ]
     start = time.perf_counter()

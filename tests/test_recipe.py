@@ -29,9 +29,6 @@ from pytest_sprite.recipes.records import tensor_digest
 
 pytestmark = pytest.mark.cpu
 
-# Until the lead's plugin registers pytest_sprite.recipes.fixtures, pytester sessions load it by name.
-FIXTURES = ("-p", "pytest_sprite.recipes.fixtures")
-
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -234,7 +231,7 @@ def test_fixture_reads_qwen_path_and_artifacts_options(pytester: pytest.Pytester
             """
         )
     )
-    args = [*FIXTURES, "-p", "no:cacheprovider"]
+    args = ["-p", "no:cacheprovider"]
     flags = ["--qwen-path", str(tmp_path / "qwen"), "--sprite-artifacts", str(tmp_path / "art")]
     pytester.runpytest_inprocess(*args, *flags).assert_outcomes(passed=1)
 
@@ -251,7 +248,7 @@ def test_fixture_reads_qwen_path_from_the_environment(
         """
     )
     monkeypatch.delenv("SPRITE_ARTIFACTS", raising=False)
-    pytester.runpytest_inprocess(*FIXTURES, "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 def test_xpu_mesh_without_ranks_is_a_private_one_rank_mesh(pytester: pytest.Pytester) -> None:
@@ -272,7 +269,7 @@ def test_xpu_mesh_without_ranks_is_a_private_one_rank_mesh(pytester: pytest.Pyte
             assert not dist.is_initialized()
         """
     )
-    pytester.runpytest_inprocess(*FIXTURES, "-p", "no:cacheprovider").assert_outcomes(passed=2)
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="ranks tests fork")
