@@ -245,6 +245,10 @@ def test_ddp_trains_keeps_replicas_bitwise_equal_and_matches_one_device(world: A
 
     assert isinstance(trainer.strategy, XPUDDPStrategy)
     assert (trainer.world_size, trainer.global_rank) == (world.size, world.rank)
+    # The harness's process group and exports are used as they are and survive the fit (Lightning's
+    # LightningEnvironment.teardown would drop WORLD_SIZE).
+    assert dist.is_initialized() and dist.get_world_size() == world.size
+    assert os.environ["WORLD_SIZE"] == str(world.size) and os.environ["LOCAL_RANK"] == str(world.local_rank)
     assert module.steps == ROWS // (PER_RANK_BATCH * world.size)
     params = full_params(module)
     for rank, replica in enumerate(world.gather_object(params)):
@@ -389,6 +393,40 @@ def test_a_trainer_that_disagrees_with_the_launch_is_refused_before_fitting(
         RankEnvError, match=rf"the initialized process group has this process as rank {world.rank}"
     ):
         make_trainer("ddp", 4, tmp_path)
+
+
+@pytest.mark.cpu
+@pytest.mark.ranks(2)
+def test_shard_model_shards_each_decoder_layer_of_a_peft_model_then_the_root(world: Any) -> None:
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        vocab_size=64,
+    )
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = peft.get_peft_model(transformers.Qwen2Model(config), lora)
+    mesh = init_device_mesh("cpu", (world.size,), mesh_dim_names=("data_parallel",))
+
+    assert shard_model(model, mesh) is model
+    layers = [m for m in model.modules() if "Qwen2DecoderLayer" in type(m).__name__]
+    assert len(layers) == 2 and all(isinstance(layer, FSDPModule) for layer in layers)
+    assert isinstance(model, FSDPModule)
+    assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for p in model.parameters())
+    assert shard_model(model, mesh) is model  # configure_model again: left alone
+
+    out = model(input_ids=torch.arange(8).reshape(1, 8)).last_hidden_state
+    out.float().pow(2).mean().backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert trainable and all(isinstance(p.grad, DTensor) for p in trainable)
 
 
 @pytest.mark.xpu

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_sprite._rankenv import free_port
+
 pytestmark = pytest.mark.cpu
 
 SCRIPT = """
@@ -58,12 +60,14 @@ def test_mpiexec_with_pals_variables_runs_one_two_process_job(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PALS_", "MASTER_", "SLURM_"))}
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK"):
         env.pop(name, None)
-    env.update(OMP_NUM_THREADS="1", PBS_JOBID="8675309.aurora-pbs", MASTER_ADDR="127.0.0.1")
+    # A port free now rather than one derived from a fixed PBS_JOBID: concurrent sessions must not collide.
+    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env.pop("PBS_JOBID", None)
     command = [mpiexec, "-n", "2", "sh", "-c", PALS_FROM_HYDRA, sys.executable, str(script), str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     results = sorted(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
     assert done.returncode == 0 and len(results) == 2, done.stdout[-3000:] + done.stderr[-3000:]
-    port = results[0].rsplit("port=", 1)[1]
+    port = env["MASTER_PORT"]
     assert results == [
         f"RESULT PALSEnvironment rank=0 world=2 local=0 port={port}",
         f"RESULT PALSEnvironment rank=1 world=2 local=1 port={port}",
