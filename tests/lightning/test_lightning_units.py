@@ -635,3 +635,41 @@ def test_shard_model_names_the_classes_when_layer_classes_match_nothing() -> Non
 def test_shard_model_rejects_non_module_layer_classes() -> None:
     with pytest.raises(SpriteUsageError, match=r"got \[<class 'int'>\]; pass torch\.nn\.Module subclasses"):
         shard_model(nn.Linear(2, 2), mesh=None, layer_classes=[_Block, int])  # type: ignore[arg-type, list-item]
+
+
+# -------------------------------------------------------------------------------------------------------
+# full-state optimizer keys (the "Missing optimizer state" fix, without processes)
+
+
+def _partly_frozen() -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    model[0].requires_grad_(False)  # frozen parameters come first in the module, as a LoRA backbone's do
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+
+
+def test_integer_optimizer_keys_map_to_the_optimizers_parameters_not_the_modules() -> None:
+    from pytest_sprite.lightning.strategies.fsdp2 import _keyed_by_name
+
+    model, optimizer = _partly_frozen()
+    saved = {
+        "state": {0: {"exp_avg": torch.ones(1, 2)}, 1: {"exp_avg": torch.ones(1)}},
+        "param_groups": [{"lr": 0.1, "params": [0, 1]}],
+    }
+    by_name = _keyed_by_name(saved, model, optimizer, Path("ddp.ckpt"))
+    # Lightning maps 0 and 1 to the module's first parameters, the frozen 0.weight and 0.bias.
+    assert list(by_name["state"]) == ["1.weight", "1.bias"]
+    assert by_name["param_groups"] == [{"lr": 0.1, "params": ["1.weight", "1.bias"]}]
+
+
+def test_optimizer_state_for_other_trainable_parameters_is_refused() -> None:
+    from pytest_sprite.lightning.strategies.fsdp2 import _keyed_by_name
+
+    model, optimizer = _partly_frozen()
+    saved = {"state": {0: {}, 1: {}, 2: {}}, "param_groups": [{"lr": 0.1, "params": [0, 1, 2]}]}
+    with pytest.raises(SpriteUsageError) as info:
+        _keyed_by_name(saved, model, optimizer, Path("ddp.ckpt"))
+    assert str(info.value) == (
+        "checkpoint 'ddp.ckpt' has optimizer param groups of [3] parameters, but this optimizer's groups hold "
+        "[2]: the trainable parameters changed between save and resume (frozen or unfrozen layers, a different "
+        "adapter). Resume with the same trainable parameters."
+    )
