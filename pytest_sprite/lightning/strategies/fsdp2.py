@@ -5,8 +5,8 @@ for "cuda" (line 130) and builds a "cuda" mesh (``strategies/fsdp.py:272``). Its
 defaults to data_parallel = nodes and tensor_parallel = processes per node (``model_parallel.py:147-150``),
 so on one node it shards nothing and every rank sees the same batches. :class:`FSDP2Strategy` defaults to
 data parallelism over every process, on the root device's own mesh type, and keeps Lightning's sharded
-(torch.distributed.checkpoint) and full-state checkpoints, with the full-state optimizer state keyed as
-``torch.optim`` keys it, so 1-device, DDP and FSDP2 checkpoints load into one another.
+(torch.distributed.checkpoint) and full-state checkpoints; full-state optimizer state is matched to the
+optimizer by position, so 1-device and DDP checkpoints of a partly frozen model resume under FSDP2.
 """
 
 from __future__ import annotations
@@ -129,25 +129,15 @@ class FSDP2Strategy(ModelParallelStrategy):
     # ---------------------------------------------------------------------------------------------------
     # checkpoints
 
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        """Sharded: Lightning's. Full state: keyed by position in the optimizer, as ``torch.optim`` keys it.
-
-        Lightning re-keys the full state by position among *all* module parameters, frozen ones included
-        (``fabric/strategies/model_parallel.py:597-598``), so a LoRA checkpoint loads neither on one device
-        nor back under FSDP2 from a DDP checkpoint ("Missing optimizer state").
-        """
-        if self._save_distributed_checkpoint:
-            return super().optimizer_state(optimizer)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        if isinstance(optimizer, LightningOptimizer):
-            optimizer = optimizer._optimizer
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_optimizer_state_dict(_model(self), optimizer, options=options)
-        return _keyed_by_position(state) if state else state
-
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
-        """Sharded directories load as in Lightning; full-state files map optimizer state by position."""
+        """Sharded directories load as in Lightning; full-state files map optimizer state by position.
+
+        A full-state file (1-device, DDP, or ``save_distributed_checkpoint=False``) keys optimizer state by
+        integers. Lightning turns them into names by taking the i-th parameter of the *module*, frozen ones
+        included (``fabric/strategies/model_parallel.py:478-483``), so the state of a LoRA optimizer lands
+        on frozen weights and loading raises "Missing optimizer state". Here the k-th saved parameter is the
+        k-th parameter of the optimizer, as ``torch.optim.Optimizer.load_state_dict`` pairs them.
+        """
         from lightning.fabric.strategies.model_parallel import _is_full_checkpoint, _load_raw_module_state
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -228,21 +218,8 @@ def _refuse_unmanaged_trainable(model: Module, world_size: int) -> None:
 # optimizer state keys
 
 
-def _keyed_by_position(state: dict[str, Any]) -> dict[str, Any]:
-    """Fully-qualified-name keys → positions in the optimizer's param groups (``torch.optim``'s own keys)."""
-    names = [name for group in state["param_groups"] for name in group["params"]]
-    position = {name: i for i, name in enumerate(names)}
-    return {
-        "state": {position[name]: value for name, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [position[name] for name in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
-
-
 def _keyed_by_name(state: dict[str, Any], model: Module, optimizer: Optimizer, path: Path) -> dict[str, Any]:
-    """Positional keys (1-device, DDP, or our full-state checkpoints) → this optimizer's parameter names."""
+    """Integer keys (1-device, DDP, full-state FSDP2 checkpoints) → this optimizer's parameter names."""
     if not state.get("state") or not isinstance(next(iter(state["state"])), int):
         return state
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
