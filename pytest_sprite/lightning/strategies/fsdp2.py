@@ -220,22 +220,22 @@ def _refuse_unmanaged_trainable(model: Module, world_size: int) -> None:
 
 def _keyed_by_name(state: dict[str, Any], model: Module, optimizer: Optimizer, path: Path) -> dict[str, Any]:
     """Integer keys (1-device, DDP, full-state FSDP2 checkpoints) → this optimizer's parameter names."""
-    if not state.get("state") or not isinstance(next(iter(state["state"])), int):
-        return state
+    saved = [key for group in state["param_groups"] for key in group["params"]]
+    if not saved or not isinstance(saved[0], int):
+        return state  # already keyed by name
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     if isinstance(optimizer, LightningOptimizer):
         optimizer = optimizer._optimizer
     current = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
     names = [name for group in current["param_groups"] for name in group["params"]]
-    saved = [index for group in state["param_groups"] for index in group["params"]]
     saved_sizes = [len(group["params"]) for group in state["param_groups"]]
     current_sizes = [len(group["params"]) for group in current["param_groups"]]
     if saved_sizes != current_sizes:
         raise SpriteUsageError(
             f"checkpoint {str(path)!r} has optimizer param groups of {saved_sizes} parameters, but this "
-            f"optimizer's groups hold {current_sizes}: the trainable parameters changed between save and resume (frozen or unfrozen "
-            f"layers, a different adapter). Resume with the same trainable parameters."
+            f"optimizer's groups hold {current_sizes}: the trainable parameters changed between save and "
+            f"resume (frozen or unfrozen layers, a different adapter). Resume with the same trainable parameters."
         )
     # torch.optim semantics: the k-th saved parameter is the k-th parameter of the optimizer now
     name_of = dict(zip(saved, names, strict=True))
