@@ -19,11 +19,11 @@ from pytest_sprite.lightning.strategies.fsdp2 import FSDP2Strategy
 __all__ = ["trainer_kwargs"]
 
 StrategyName = Literal["single", "ddp", "fsdp"]
-AcceleratorName = Literal["xpu", "cpu"]
+AcceleratorName = Literal["xpu", "cpu", "cuda"]
 Devices = int | str | Sequence[int]
 
 _STRATEGIES = ("single", "ddp", "fsdp")
-_ACCELERATORS = ("xpu", "cpu")
+_ACCELERATORS = ("xpu", "cpu", "cuda")
 
 
 def trainer_kwargs(
@@ -40,18 +40,19 @@ def trainer_kwargs(
     Precision goes in ``plugins`` (do not also pass ``precision=`` to the Trainer: Lightning raises "Received
     both"): "bf16-mixed" (default) and "16-mixed" (and the aliases "bf16", "16", 16) autocast on the real
     device type via :class:`XPUMixedPrecision`; "32-true", "bf16-true" and "16-true" are Lightning's own.
-    ``accelerator="cpu"`` gives the same strategies on CPU with gloo, which is how CI runs them.
+    ``accelerator="cpu"`` gives the same strategies on CPU with gloo, which is how CI runs them;
+    ``accelerator="cuda"`` gives them on NVIDIA GPUs with nccl (the seed's A100 reference runs).
 
-    ``trainer_kwargs("single", devices=[3])`` pins tile 3; "auto" or 1 pins the current tile. For "ddp" and
-    "fsdp", ``devices="auto"`` is the launcher's processes per node when a launcher set it, else every tile
-    (XPU) or one process (CPU).
+    ``trainer_kwargs("single", devices=[3])`` pins tile 3; "auto" or 1 pins the current tile (or GPU). For
+    "ddp" and "fsdp", ``devices="auto"`` is the launcher's processes per node when a launcher set it, else
+    every visible tile or GPU, or one process on CPU.
     """
     if strategy not in _STRATEGIES:
         raise SpriteUsageError(f"trainer_kwargs(strategy={strategy!r}): use one of {', '.join(_STRATEGIES)}.")
     if accelerator not in _ACCELERATORS:
         raise SpriteUsageError(
-            f"trainer_kwargs(accelerator={accelerator!r}): use one of {', '.join(_ACCELERATORS)} ('cpu' runs the "
-            f"same strategies with gloo)."
+            f"trainer_kwargs(accelerator={accelerator!r}): use one of {', '.join(_ACCELERATORS)} ('cpu' runs "
+            f"the same strategies with gloo)."
         )
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
         raise SpriteUsageError(
@@ -63,6 +64,11 @@ def trainer_kwargs(
             f"trainer_kwargs(accelerator='xpu'): no XPU is visible (torch {torch.__version__}, "
             f"torch.xpu.is_available() is False). Use a torch build with XPU support (on Aurora: `module load "
             f"frameworks`), or accelerator='cpu' to run the same strategy on CPU with gloo."
+        )
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise SpriteUsageError(
+            f"trainer_kwargs(accelerator='cuda'): no CUDA GPU is visible (torch {torch.__version__}, "
+            f"torch.cuda.is_available() is False); use accelerator='cpu' to run the same strategy on CPU."
         )
     plugin = _precision_plugin(strategy, precision_name, accelerator)
 
@@ -103,18 +109,29 @@ def _precision_plugin(strategy: str, name: str, accelerator: str) -> Precision:
 
 
 def _single_device_index(devices: Devices, accelerator: str) -> int | None:
-    """The one device of a "single" run: None on CPU, else the pinned tile (current tile for "auto" or 1)."""
-    if devices in ("auto", 1, "1"):
-        return int(torch.xpu.current_device()) if accelerator == "xpu" else None
-    if (
-        accelerator == "xpu"
-        and isinstance(devices, Sequence)
+    """The one device of a "single" run: None on CPU, else the pinned index (the current one for "auto" or 1)."""
+    if accelerator == "cpu":
+        if devices in ("auto", 1, "1"):
+            return None
+    elif devices in ("auto", 1, "1"):
+        return int(torch.xpu.current_device() if accelerator == "xpu" else torch.cuda.current_device())
+    elif (
+        isinstance(devices, Sequence)
         and not isinstance(devices, str)
         and len(devices) == 1
         and isinstance(devices[0], int)
+        and not isinstance(devices[0], bool)
     ):
-        return XPUAccelerator.parse_devices(list(devices))[0]
-    pin = " or [<tile>] to pin one tile" if accelerator == "xpu" else ""
+        if accelerator == "xpu":
+            return XPUAccelerator.parse_devices(list(devices))[0]
+        count = torch.cuda.device_count()
+        if not 0 <= devices[0] < count:
+            raise SpriteUsageError(
+                f"trainer_kwargs('single', devices={list(devices)!r}, accelerator='cuda'): this process sees "
+                f"{count} GPU(s), indices 0..{count - 1}."
+            )
+        return devices[0]
+    pin = " or [<index>] to pin one device" if accelerator != "cpu" else ""
     raise SpriteUsageError(
         f"trainer_kwargs('single', devices={devices!r}, accelerator={accelerator!r}): one device runs one "
         f"process; use devices='auto' or 1{pin}, or strategy 'ddp'/'fsdp' for several."
@@ -128,4 +145,6 @@ def _parallel_devices(devices: Devices, accelerator: str) -> Devices:
     info = optional_rank_env()
     if info is not None and info.local_world_size is not None:
         return info.local_world_size
-    return XPUAccelerator.auto_device_count() if accelerator == "xpu" else 1
+    if accelerator == "xpu":
+        return XPUAccelerator.auto_device_count()
+    return torch.cuda.device_count() if accelerator == "cuda" else 1

@@ -375,6 +375,28 @@ def test_cpu_auto_devices_follow_the_launcher(monkeypatch: pytest.MonkeyPatch) -
     assert trainer_kwargs("ddp", accelerator="cpu")["devices"] == 4
 
 
+def test_cuda_kwargs_give_the_same_strategies_with_cuda_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    single = trainer_kwargs("single", accelerator="cuda")
+    assert single["strategy"].root_device == torch.device("cuda", 2) and single["devices"] == [2]
+    assert trainer_kwargs("single", devices=[3], accelerator="cuda")["devices"] == [3]
+    with pytest.raises(SpriteUsageError, match=r"this process sees 4 GPU\(s\), indices 0\.\.3"):
+        trainer_kwargs("single", devices=[4], accelerator="cuda")
+    ddp = trainer_kwargs("ddp", accelerator="cuda")
+    assert isinstance(ddp["strategy"], XPUDDPStrategy) and ddp["devices"] == 4
+    (plugin,) = ddp["plugins"]
+    assert isinstance(plugin, XPUMixedPrecision) and plugin.device == "cuda"
+
+
+def test_cuda_unavailable_is_reported() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    with pytest.raises(SpriteUsageError, match=r"no CUDA GPU is visible .* use accelerator='cpu'"):
+        trainer_kwargs("ddp", accelerator="cuda")
+
+
 @pytest.mark.parametrize(
     ("precision", "plugin_type", "name"),
     [
@@ -406,7 +428,7 @@ def test_precision_plugin_goes_in_plugins_so_lightning_does_not_see_both() -> No
     ("args", "kwargs", "message"),
     [
         (("zero",), {}, r"trainer_kwargs\(strategy='zero'\): use one of single, ddp, fsdp\."),
-        (("ddp",), {"accelerator": "cuda"}, r"trainer_kwargs\(accelerator='cuda'\): use one of xpu, cpu"),
+        (("ddp",), {"accelerator": "tpu"}, r"trainer_kwargs\(accelerator='tpu'\): use one of xpu, cpu, cuda"),
         (("ddp",), {"accelerator": "cpu", "num_nodes": 0}, r"num_nodes=0\): use a positive int"),
         (
             ("ddp",),
