@@ -22,6 +22,7 @@ RANKS_MARKER_HELP = (
 )
 CPU_MARKER_HELP = "cpu: the test needs no accelerator (select CI's suite with -m cpu)."
 XPU_MARKER_HELP = "xpu: the test needs Intel XPU tiles (not run in CI)."
+CUDA_MARKER_HELP = "cuda: the test needs a CUDA GPU (not run in CI)."
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,7 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP):
+    for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
     try:
         settings = Settings.from_config(config)

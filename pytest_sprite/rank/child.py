@@ -185,28 +185,22 @@ def _fresh_pytest_state(item: pytest.Item) -> None:
 def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
     """Point pytest's fd capture at named files, so a crash's captured output can be read back.
 
-    pytest snapshots and truncates these per phase; after a crash they hold the running phase's
-    output. Best effort: other capture modes keep pytest's own temporary files.
+    The new file is dup'd onto the capture's own descriptor, so every holder of that file object
+    (a logging handler made at collection time holds ``sys.stderr`` as it was then) keeps writing
+    to a valid file. pytest snapshots and truncates it per phase; after a crash it holds the running
+    phase's output. Other capture modes keep pytest's own temporary files.
     """
+    from _pytest.capture import FDCapture
+
     capman = config.pluginmanager.get_plugin("capturemanager")
     capturing = getattr(capman, "_global_capturing", None)
-    from _pytest.capture import EncodedFile, FDCapture
-
     for attr, name in (("out", "capture-out.log"), ("err", "capture-err.log")):
         cap = getattr(capturing, attr, None)
-        if not isinstance(cap, FDCapture) or cap._state != "suspended":
+        if not isinstance(cap, FDCapture):
             continue
-        new = EncodedFile(
-            open(run_dir / name, "w+b", buffering=0),
-            encoding="utf-8",
-            errors="replace",
-            newline="",
-            write_through=True,
-        )
-        cap.tmpfile.close()
-        cap.tmpfile = new
-        if getattr(cap.syscapture, "tmpfile", None) is not None:
-            cap.syscapture.tmpfile = new
+        fd = os.open(run_dir / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, cap.tmpfile.fileno())
+        os.close(fd)
 
 
 def run_child(
