@@ -1,0 +1,355 @@
+"""Cluster launchers end to end: the harness core's scenarios under mpiexec, torchrun, pals and srun.
+
+mpiexec (MPICH's hydra) and torchrun run for real. pals runs against ``tests/fakes/pals/mpiexec`` (PALS's
+options and variables, MPICH underneath) and srun against ``tests/fakes/slurm/srun`` (no Slurm in CI).
+Every session starts with stale rank variables of the launcher families it does not own in the controller's
+environment, as when pytest runs inside an sbatch script or under an outer torchrun: the launchers must keep
+them from the agents, or the agents would refuse to start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+TIMEOUT = 120
+FAKES = Path(__file__).parent / "fakes"
+HAS_MPIEXEC = shutil.which("mpiexec") is not None
+needs_mpiexec = pytest.mark.skipif(
+    not HAS_MPIEXEC, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
+)
+
+SCENARIOS = """
+import os
+import signal
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+W = {world}
+
+
+@pytest.mark.ranks(2)
+def test_collectives(world):
+    t = torch.tensor([world.rank + 1.0])
+    dist.all_reduce(t)
+    assert t.item() == 3.0
+    assert [g.item() for g in world.gather(torch.tensor([world.rank]))] == [0, 1]
+
+
+@pytest.mark.ranks(2)
+def test_fails_on_rank_one(world):
+    assert world.rank != 1, "rank one disagrees"
+
+
+@pytest.mark.ranks(2)
+def test_crash(world):
+    if world.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+@pytest.mark.ranks(2)
+def test_after_crash(world):
+    dist.barrier()
+
+
+@pytest.mark.ranks(2, timeout=4)
+def test_hang(world):
+    if world.rank == 0:
+        time.sleep(1000)
+    dist.barrier()
+
+
+@pytest.mark.ranks(2)
+def test_after_hang(world):
+    dist.barrier()
+
+
+@pytest.mark.ranks(2)
+def test_agent_lost(world):
+    if world.rank == 1:
+        os.kill(os.getppid(), signal.SIGKILL)  # the rank agent itself
+    time.sleep(30)
+
+
+@pytest.mark.ranks(2)
+def test_after_agent_lost(world):
+    dist.barrier()
+
+
+@pytest.mark.ranks(W)
+def test_layout(world):
+    # the child inherits its agent's environment: what the launcher gave that rank
+    env = os.environ
+    rank = world.rank
+{layout}
+"""
+
+LAYOUTS = {
+    "mpiexec": """
+    assert (env["PMI_RANK"], env["PMI_SIZE"], env["MPI_LOCALRANKID"]) == (str(rank), str(W), str(rank))
+    assert not {"SLURM_PROCID", "PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
+""",
+    "torchrun": """
+    assert env["TORCHELASTIC_RUN_ID"]
+    assert not {"PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
+""",
+    "pals": """
+    assert (env["PALS_RANKID"], env["PMIX_RANK"]) == (str(rank), str(rank))
+    assert (env["PALS_LOCAL_RANKID"], env["PALS_NODEID"]) == (str(rank % 2), str(rank // 2))
+    assert not {"PMI_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"} & set(env)
+    # 2 nodes of 2: the local rank differs from the global rank on the second node
+    assert rank < 2 or env["PALS_LOCAL_RANKID"] != env["PALS_RANKID"]
+""",
+    "srun": """
+    assert (env["SLURM_PROCID"], env["SLURM_NTASKS"]) == (str(rank), str(W))
+    assert (env["SLURM_LOCALID"], env["SLURM_NODEID"]) == (str(rank % 2), str(rank // 2))
+    assert not {"PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
+""",
+}
+
+# Rank variables a controller may inherit from elsewhere, by the launcher they must not reach.
+STALE = {
+    "mpiexec": {"RANK": "0", "LOCAL_RANK": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "PALS_RANKID": "0"},
+    "torchrun": {"PMI_RANK": "0", "PMI_SIZE": "1", "SLURM_PROCID": "0", "PALS_RANKID": "0"},
+    "pals": {"RANK": "0", "LOCAL_RANK": "0", "SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "0"},
+    "srun": {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "PALS_RANKID": "0",
+        "OMPI_COMM_WORLD_RANK": "0",
+    },
+}
+
+
+def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_sprite._rankenv import LAUNCHER_VARIABLES
+
+    for names in LAUNCHER_VARIABLES.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "PBS_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=TIMEOUT)
+
+
+LAUNCHERS = [
+    pytest.param("mpiexec", 2, [], marks=needs_mpiexec, id="mpiexec"),
+    pytest.param("torchrun", 2, [], id="torchrun"),
+    pytest.param("pals", 4, ["--ppn=2"], marks=needs_mpiexec, id="pals-fake"),
+    pytest.param("srun", 4, [], id="srun-stand-in"),
+]
+
+
+@pytest.mark.parametrize(("launcher", "world", "extra"), LAUNCHERS)
+def test_harness_scenarios_under_launcher(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    launcher: str,
+    world: int,
+    extra: list[str],
+) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    clear_rank_variables(monkeypatch)
+    argv_log = tmp_path / "argv.jsonl"
+    if launcher == "pals":
+        monkeypatch.setenv("PATH", f"{FAKES / 'pals'}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("FAKE_PALS_ARGV_LOG", str(argv_log))
+    if launcher == "srun":
+        monkeypatch.setenv("PATH", f"{FAKES / 'slurm'}{os.pathsep}{os.environ['PATH']}")
+        monkeypatch.setenv("FAKE_SRUN_ARGV_LOG", str(argv_log))
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")  # the default --ppn comes from here: 4 ranks / 2 nodes
+    for name, value in STALE[launcher].items():
+        monkeypatch.setenv(name, value)
+    pytester.makepyfile(test_scenarios=SCENARIOS.format(world=world, layout=LAYOUTS[launcher]))
+
+    result = run(
+        pytester,
+        f"--launcher={launcher}",
+        f"--ranks={world}",
+        "--rank-grace=2",
+        "--connect-timeout=60",
+        *extra,
+    )
+
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("failed")) == (5, 4), outcomes
+    # test_agent_lost may add an error: whether rank 1's setup report got out before its agent died is a race
+    assert outcomes.get("errors", outcomes.get("error", 0)) <= 1, outcomes
+    result.stdout.fnmatch_lines_random(
+        [
+            "*::test_collectives PASSED*",
+            "*::test_after_crash PASSED*",
+            "*::test_after_hang PASSED*",
+            "*::test_after_agent_lost PASSED*",
+            "*::test_layout PASSED*",
+            "FAILED *::test_fails_on_rank_one - [[]rank 1[]]*",
+            "E * AssertionError: rank one disagrees",
+            "*rank 1 CRASHED with signal 9 (SIGKILL) during call*",
+            "*rank 0 was still running after the 4s timeout (from @pytest.mark.ranks(timeout=...))*",
+            "*stacks of rank 0 (most recent call first)*",
+            "*connection to rank agent 1 closed*",
+        ]
+    )
+    if launcher in ("pals", "srun"):
+        # two launches: the first, and a fresh one after the lost agent took the first one down
+        launches = [json.loads(line) for line in argv_log.read_text().splitlines()]
+        assert len(launches) == 2, launches
+        expected_head = {
+            "pals": ["-n", "4", "--ppn", "2", "--cpu-bind", "none", "--env", "WORLD_SIZE=4", "env"],
+            "srun": [
+                "--ntasks=4",
+                "--nodes=2",
+                "--ntasks-per-node=2",
+                "--kill-on-bad-exit=1",
+                "--export=ALL",
+                "env",
+            ],
+        }[launcher]
+        assert launches[0][: len(expected_head)] == expected_head
+
+
+# --------------------------------------------------------------------------------------------------------
+# failures of the launcher itself, as the user sees them
+
+
+ONE_TEST = """
+import pytest
+
+@pytest.mark.ranks(2)
+def test_one(world):
+    pass
+
+@pytest.mark.ranks(2)
+def test_two(world):
+    pass
+"""
+
+
+def test_mpiexec_not_found(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clear_rank_variables(monkeypatch)
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    pytester.makepyfile(ONE_TEST)
+    result = run(pytester, "--launcher=mpiexec")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-sprite could not start the rank agents: --launcher=mpiexec: `mpiexec` is not on PATH. "
+            "Install MPICH's (it comes beside mpi4py): `pip install mpich`, or load your site's MPI module "
+            "(`module load mpich` or `module load openmpi`), then check `mpiexec --version`.*"
+        ]
+    )
+    assert "test_two" not in result.stdout.str().split("short test summary")[0].split("test_one")[-1]
+
+
+@needs_mpiexec
+def test_launch_that_dies_before_agents_connect(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_rank_variables(monkeypatch)
+    pytester.makepyfile(ONE_TEST)
+    result = run(pytester, "--launcher=mpiexec", "--launcher-args=--no-such-option")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-sprite could not start the rank agents: --launcher=mpiexec: the launch ended with status * "
+            "before all 2 agents connected (0 did). Its output:*",
+            "*+ */mpiexec -n 2 --no-such-option env -u RANK -u LOCAL_RANK*",
+            "*no-such-option*",
+        ]
+    )
+
+
+@needs_mpiexec
+def test_fewer_agents_than_asked_within_connect_timeout(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_rank_variables(monkeypatch)
+    # rank 1's agent never gets past collection: it sleeps in its conftest (the controller has no PMI_RANK)
+    pytester.makeconftest(
+        """
+        import os, time
+        if os.environ.get("PMI_RANK") == "1":
+            time.sleep(60)
+        """
+    )
+    pytester.makepyfile(ONE_TEST)
+    result = run(pytester, "--launcher=mpiexec", "--connect-timeout=5")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-sprite could not start the rank agents: --launcher=mpiexec: only 1 of 2 agents connected "
+            "within 5s (--connect-timeout); connected ranks: [[]0[]]. Launcher output:*",
+        ]
+    )
+
+
+@needs_mpiexec
+def test_agent_that_cannot_read_its_rank_says_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stale variable of the launcher's own family cannot be told apart from a true one: the agent must
+    # refuse it with the reader's message, which reaches the user through the launch output.
+    clear_rank_variables(monkeypatch)
+    pytester.makepyfile(ONE_TEST)
+    result = run(
+        pytester, "--launcher=mpiexec", "--connect-timeout=20", "--launcher-args=-genv PMI_LOCAL_RANK 7"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*launcher variables disagree, so this process cannot know its place in the world:*",
+            "*  local rank: MPI_LOCALRANKID=0 (MPICH hydra), PMI_LOCAL_RANK=7 (MPICH hydra)*",
+        ]
+    )
+
+
+def test_srun_outside_an_allocation(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    clear_rank_variables(monkeypatch)
+    monkeypatch.setenv("PATH", f"{FAKES / 'slurm'}{os.pathsep}{os.environ['PATH']}")
+    pytester.makepyfile(ONE_TEST)
+    result = run(pytester, "--launcher=srun")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*pytest-sprite could not start the rank agents: --launcher=srun: this pytest is not inside a Slurm "
+            "allocation (SLURM_JOB_ID is not set)*"
+        ]
+    )
+
+
+def test_torchrun_refuses_a_multi_node_layout(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clear_rank_variables(monkeypatch)
+    pytester.makepyfile(ONE_TEST)
+    result = run(pytester, "--launcher=torchrun", "--ranks=4", "--ppn=2")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*--launcher=torchrun starts every rank on this node, but --ppn=2 with --ranks=4 asks for 2 nodes. "
+            "Drop --ppn, or use --launcher=srun, pals or mpiexec across nodes.*"
+        ]
+    )
