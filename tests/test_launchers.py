@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -190,10 +191,22 @@ def test_harness_scenarios_under_launcher(
         *extra,
     )
 
-    outcomes = result.parseoutcomes()
-    assert (outcomes.get("passed"), outcomes.get("failed")) == (5, 4), outcomes
-    # test_agent_lost may add an error: whether rank 1's setup report got out before its agent died is a race
-    assert outcomes.get("errors", outcomes.get("error", 0)) <= 1, outcomes
+    verdicts = dict(
+        re.findall(r"^test_scenarios\.py::(\w+) (PASSED|FAILED|ERROR)", result.stdout.str(), re.M)
+    )
+    # test_agent_lost is an error rather than a failure when rank 1's setup report did not get out before
+    # its agent died (a race the test cannot steer); either way it fails and the next test passes
+    assert verdicts.pop("test_agent_lost") in ("FAILED", "ERROR")
+    assert verdicts == {
+        "test_collectives": "PASSED",
+        "test_fails_on_rank_one": "FAILED",
+        "test_crash": "FAILED",
+        "test_after_crash": "PASSED",
+        "test_hang": "FAILED",
+        "test_after_hang": "PASSED",
+        "test_after_agent_lost": "PASSED",
+        "test_layout": "PASSED",
+    }
     result.stdout.fnmatch_lines_random(
         [
             "*::test_collectives PASSED*",
@@ -321,7 +334,9 @@ def test_agent_that_cannot_read_its_rank_says_why(
     result.stdout.fnmatch_lines(
         [
             "*launcher variables disagree, so this process cannot know its place in the world:*",
-            "*  local rank: MPI_LOCALRANKID=0 (MPICH hydra), PMI_LOCAL_RANK=7 (MPICH hydra)*",
+            "*  local rank: MPI_LOCALRANKID=? (MPICH hydra), PMI_LOCAL_RANK=7 (MPICH hydra)*",
+            "*  MPI_LOCALRANKID and PMI_LOCAL_RANK both come from MPICH hydra and disagree: the one this launch "
+            "did not set was inherited; unset it*",
         ]
     )
 
