@@ -4,7 +4,6 @@ real weights through --qwen-path, artifacts, run() argument errors, and the xpu_
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,6 @@ from pytest_sprite.recipes._arm import loss_factor, shard_batches
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
 from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
 from pytest_sprite.recipes.lora_qwen import TINY_QWEN2, LoraQwen
-from pytest_sprite.recipes.records import tensor_digest
 
 pytestmark = pytest.mark.cpu
 
@@ -270,16 +268,3 @@ def test_xpu_mesh_without_ranks_is_a_private_one_rank_mesh(pytester: pytest.Pyte
         """
     )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="ranks tests fork")
-@pytest.mark.ranks(2)
-def test_xpu_mesh_spans_the_ranks_of_the_test(world: Any, xpu_mesh: Any) -> None:
-    import torch.distributed as dist
-
-    assert xpu_mesh.device_type == world.device.type == "cpu"
-    assert xpu_mesh.mesh_dim_names == ("data_parallel",) and xpu_mesh.size() == world.size
-    x = torch.tensor([float(world.rank + 1)])
-    dist.all_reduce(x, group=xpu_mesh.get_group())
-    assert x.item() == sum(range(1, world.size + 1))
-    assert tensor_digest(x) == world.broadcast_object(tensor_digest(x))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
@@ -97,6 +98,7 @@ class LoraQwen:
         self._model_id = ""
         self.records: list[ArmRecord] = []
         """Every record this object produced, in order (for reports)."""
+        self._used_strategies: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def build_model(self) -> LoraQwenClassifier:
         """A fresh copy of the recipe's model (CPU, FP32, seeded), identical on every rank and every call."""
@@ -142,62 +144,18 @@ class LoraQwen:
         ``strategy`` when given (a fresh Lightning strategy object per call). The default global batch is
         2 x the test's world size; each optimizer step trains ``accumulate`` micro-batches per rank.
         """
-        from pytest_sprite.assertions.faults import get_fault
-
-        if arm not in ARMS:
-            raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
-        for name, value in (("steps", steps), ("accumulate", accumulate)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(clip, (int, float)) or not clip > 0:
-            raise SpriteUsageError(
-                f"clip must be a positive number, got {clip!r}; the recipe needs an active global-norm clip"
-            )
-        world_size = self.world.size
-        if global_batch is None:
-            global_batch = 2 * world_size
-        ranks = 1 if arm == "single" else world_size
-        if not isinstance(global_batch, int) or global_batch < 1 or global_batch % (ranks * accumulate):
-            raise SpriteUsageError(
-                f"global_batch={global_batch!r} must be a positive multiple of ranks x accumulate = "
-                f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
-            )
-        if fault is not None:
-            entry = get_fault(fault)
-            if entry.applied_by != "lora_qwen.run":
-                raise SpriteUsageError(
-                    f"fault {fault!r} is catalogued but lora_qwen.run does not plant it ({entry.description}); "
-                    "faults it plants: "
-                    + ", ".join(n for n, f in _faults().items() if f.applied_by == "lora_qwen.run")
-                )
-            if arm not in entry.arms:
-                raise SpriteUsageError(
-                    f"fault {fault!r} applies to arms {', '.join(entry.arms)}, not {arm!r}; "
-                    "the reference arm always runs clean"
-                )
-            if fault == "accumulate-sum" and accumulate < 2:
-                raise SpriteUsageError(
-                    f"fault 'accumulate-sum' needs accumulate >= 2 (got accumulate={accumulate}): "
-                    "with one micro-batch there is no division to skip"
-                )
-        if arm in DISTRIBUTED_ARMS and not self.world.distributed:
-            raise SpriteUsageError(
-                f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "
-                "process without a process group"
-            )
-        steps_, clip_, batch_ = steps, float(clip), global_batch
-        self._pristine()
-        rows = self.rows(steps=steps_, global_batch=batch_)
+        global_batch = self._check_run(arm, steps, clip, global_batch, accumulate, fault, strategy)
+        rows = self.rows(steps=steps, global_batch=global_batch)
         identity = RecipeIdentity(
-            model=self._model_id,
+            model=self.model_id,
             seed=self.seed,
-            rows=steps_ * batch_,
+            rows=steps * global_batch,
             rows_digest=rows.digest,
             seq_len=self.seq_len,
-            steps=steps_,
-            global_batch=batch_,
+            steps=steps,
+            global_batch=global_batch,
             lr=self.lr,
-            clip=clip_,
+            clip=float(clip),
         )
         from pytest_sprite.recipes import _arm
 
@@ -233,8 +191,72 @@ class LoraQwen:
         self.records.append(record)
         return record
 
+    def _check_run(
+        self,
+        arm: str,
+        steps: int,
+        clip: float,
+        global_batch: int | None,
+        accumulate: int,
+        fault: str | None,
+        strategy: Strategy | None,
+    ) -> int:
+        """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
+        from pytest_sprite.assertions.faults import FAULTS, get_fault
 
-def _faults() -> dict[str, Any]:
-    from pytest_sprite.assertions.faults import FAULTS
+        if arm not in ARMS:
+            raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+        for name, value in (("steps", steps), ("accumulate", accumulate)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
+        if not isinstance(clip, (int, float)) or not clip > 0:
+            raise SpriteUsageError(
+                f"clip must be a positive number, got {clip!r}; the recipe needs an active global-norm clip"
+            )
+        world_size = self.world.size
+        if global_batch is None:
+            global_batch = 2 * world_size
+        ranks = 1 if arm == "single" else world_size
+        if not isinstance(global_batch, int) or global_batch < 1 or global_batch % (ranks * accumulate):
+            raise SpriteUsageError(
+                f"global_batch={global_batch!r} must be a positive multiple of ranks x accumulate = "
+                f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
+            )
+        if fault is not None:
+            entry = get_fault(fault)
+            if entry.applied_by != "lora_qwen.run":
+                raise SpriteUsageError(
+                    f"fault {fault!r} is catalogued but lora_qwen.run does not plant it ({entry.description}); "
+                    "faults it plants: "
+                    + ", ".join(n for n, f in FAULTS.items() if f.applied_by == "lora_qwen.run")
+                )
+            if arm not in entry.arms:
+                raise SpriteUsageError(
+                    f"fault {fault!r} applies to arms {', '.join(entry.arms)}, not {arm!r}; "
+                    "the reference arm always runs clean"
+                )
+            if fault == "accumulate-sum" and accumulate < 2:
+                raise SpriteUsageError(
+                    f"fault 'accumulate-sum' needs accumulate >= 2 (got accumulate={accumulate}): "
+                    "with one micro-batch there is no division to skip"
+                )
+        if arm in DISTRIBUTED_ARMS and not self.world.distributed:
+            raise SpriteUsageError(
+                f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "
+                "process without a process group"
+            )
+        if strategy is not None:
+            from lightning.pytorch.strategies import Strategy
 
-    return FAULTS
+            if not isinstance(strategy, Strategy):
+                raise SpriteUsageError(
+                    f"strategy= must be a Lightning Strategy object, got {type(strategy).__name__}; "
+                    "pass for example MyDDPStrategy() (a fresh object per run)"
+                )
+            if strategy in self._used_strategies:
+                raise SpriteUsageError(
+                    f"strategy= got a {type(strategy).__name__} object that an earlier arm already ran with; "
+                    "Lightning strategies keep state from their fit, so pass a fresh object per run"
+                )
+            self._used_strategies.add(strategy)
+        return global_batch
