@@ -268,3 +268,21 @@ def test_xpu_mesh_without_ranks_is_a_private_one_rank_mesh(pytester: pytest.Pyte
         """
     )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_fixture_reads_qwen_path_and_artifacts_from_the_ini(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPRITE_QWEN_PATH", raising=False)
+    monkeypatch.delenv("SPRITE_ARTIFACTS", raising=False)
+    pytester.makeini("[pytest]\nqwen_path = /models/from-ini\nsprite_artifacts = /tmp/sprite-ini\n")
+    pytester.makepyfile(
+        """
+        from pathlib import Path
+
+        def test_ini(lora_qwen):
+            assert str(lora_qwen.qwen_path) == "/models/from-ini"
+            assert lora_qwen.artifacts.root == Path("/tmp/sprite-ini")
+        """
+    )
+    pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

@@ -23,12 +23,19 @@ __all__ = ["lora_qwen", "xpu_mesh"]
 _BACKENDS = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
 
 
-def _option(config: pytest.Config, dest: str, env: str | None = None) -> Any:
-    """An option's value, tolerating a plugin build that does not define it (then the environment)."""
+def _setting(config: pytest.Config, name: str, dest: str, env: str) -> Any:
+    """A session setting as the plugin resolved it (command line > environment > ini).
+
+    Falls back to the option and then the environment when the session has no resolved settings (the
+    plugin disabled, or this module loaded on its own with ``-p``).
+    """
+    from pytest_sprite._settings import settings_key
+
+    settings = config.stash.get(settings_key, None)
+    if settings is not None:
+        return getattr(settings, name, None)
     value = config.getoption(dest, None)
-    if value in (None, "") and env:
-        value = os.environ.get(env) or None
-    return value
+    return value if value not in (None, "") else os.environ.get(env) or None
 
 
 @pytest.fixture
@@ -41,8 +48,8 @@ def lora_qwen(request: pytest.FixtureRequest, world: World) -> LoraQwen:
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.recipes.lora_qwen import QWEN_PATH_ENV, LoraQwen
 
-    qwen_path = _option(request.config, "sprite_qwen_path", QWEN_PATH_ENV)
-    artifacts = _option(request.config, "sprite_artifacts", "SPRITE_ARTIFACTS")
+    qwen_path = _setting(request.config, "qwen_path", "sprite_qwen_path", QWEN_PATH_ENV)
+    artifacts = _setting(request.config, "artifacts", "sprite_artifacts", "SPRITE_ARTIFACTS")
     return LoraQwen(
         world=world,
         qwen_path=qwen_path,
