@@ -9,26 +9,49 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "ArmRecord",
+    "FaultNotRejected",
     "LaunchError",
+    "LoraQwen",
+    "ParityError",
+    "ParityRefused",
+    "ParityResult",
     "RankEnvError",
     "SpriteError",
     "SpriteUsageError",
     "World",
+    "assert_parity",
     "collected",
+    "expect_fault_rejected",
+    "load_arm_record",
 ]
 
 _LAZY = {
+    "ArmRecord": "pytest_sprite.recipes.records",
+    "FaultNotRejected": "pytest_sprite.assertions.faults",
     "LaunchError": "pytest_sprite.errors",
+    "LoraQwen": "pytest_sprite.recipes.lora_qwen",
+    "ParityError": "pytest_sprite.assertions.parity",
+    "ParityRefused": "pytest_sprite.assertions.parity",
+    "ParityResult": "pytest_sprite.assertions.parity",
     "RankEnvError": "pytest_sprite.errors",
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
     "World": "pytest_sprite.world",
+    "assert_parity": "pytest_sprite.assertions.parity",
     "collected": "pytest_sprite._collected",
+    "expect_fault_rejected": "pytest_sprite.assertions.faults",
+    "load_arm_record": "pytest_sprite.recipes.artifacts",
 }
 
 if TYPE_CHECKING:
     from ._collected import collected
+    from .assertions.faults import FaultNotRejected, expect_fault_rejected
+    from .assertions.parity import ParityError, ParityRefused, ParityResult, assert_parity
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
+    from .recipes.artifacts import load_arm_record
+    from .recipes.lora_qwen import LoraQwen
+    from .recipes.records import ArmRecord
     from .world import World
 
 

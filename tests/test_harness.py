@@ -375,3 +375,30 @@ def test_disabling_the_plugin_runs_tests_as_plain_pytest(pytester: pytest.Pytest
         "-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT
     )
     result.assert_outcomes(passed=1)
+
+
+def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a="""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def module_resource():
+            yield "a"
+            print("TORN DOWN a")
+
+        def test_in_process(module_resource):
+            assert module_resource == "a"
+
+        @pytest.mark.ranks(2)
+        def test_ranks_last_in_module(world):
+            pass
+        """,
+        test_b="""
+        def test_next_module_in_process():
+            pass
+        """,
+    )
+    result = run(pytester, "-s", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"])

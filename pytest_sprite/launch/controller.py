@@ -326,6 +326,7 @@ class Controller:
         if n is None or beyond_world_key in item.stash:
             return None
         self.run_and_log(item, n)
+        self.teardown_for(item, nextitem)
         return True
 
     def pytest_sessionfinish(self) -> None:
@@ -365,6 +366,17 @@ class Controller:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         if run.interrupted:
             pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
+
+    def teardown_for(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        """Tear down the controller's own fixtures that ``nextitem`` does not share.
+
+        A ranks test runs in its children, never in the controller, but pytest's setup state here still
+        holds the module of an earlier in-process test; without this, the next module's first in-process
+        test finds it "not torn down properly".
+        """
+        if item.session.shouldfail or item.session.shouldstop:
+            nextitem = None
+        item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
 
     def _timeout_for(self, item: pytest.Item) -> tuple[float, str]:
         spec = ranks_spec(item)

@@ -17,7 +17,7 @@ import lightning.pytorch  # noqa: E402, F401
 import peft  # noqa: E402, F401
 import transformers  # noqa: E402, F401
 
-from pytest_sprite.assertions import assert_parity, expect_fault_rejected  # noqa: E402
+from pytest_sprite import assert_parity, expect_fault_rejected  # noqa: E402
 
 SIZES = [2, 3, 4, 12, 24, 48, 96]
 
