@@ -13,11 +13,11 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 pytest.importorskip("lightning")
 # Imported at collection, so every forked test child starts with them loaded.
-import lightning.pytorch  # noqa: E402, F401
-import peft  # noqa: E402, F401
-import transformers  # noqa: E402, F401
+import lightning.pytorch  # noqa: F401
+import peft  # noqa: F401
+import transformers  # noqa: F401
 
-from pytest_sprite import assert_parity, expect_fault_rejected  # noqa: E402
+from pytest_sprite import assert_parity, expect_fault_rejected
 
 SIZES = [2, 3, 4, 12, 24, 48, 96]
 
