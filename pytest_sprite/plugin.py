@@ -63,7 +63,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pytest.fail(error, pytrace=False)
     if spec.parametrized:
         metafunc.fixturenames.append(PARAM_NAME)
-        metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks={n}" for n in spec.sizes], indirect=True)
+        metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks{n}" for n in spec.sizes], indirect=True)
 
 
 @pytest.fixture

@@ -303,13 +303,15 @@ def test_parametrized_world_sizes_and_skips_beyond_the_world(pytester: pytest.Py
             pass
         """
     )
+    only_two = run(pytester, "--ranks=2", "-k", "ranks2")
+    only_two.assert_outcomes(passed=1, deselected=3)
     result = run(pytester, "--ranks=2", "-v", "-rs")
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines_random(
         [
-            "*test_sizes?ranks=1? PASSED*",
-            "*test_sizes?ranks=2? PASSED*",
-            "*test_sizes?ranks=4? SKIPPED*",
+            "*test_sizes?ranks1? PASSED*",
+            "*test_sizes?ranks2? PASSED*",
+            "*test_sizes?ranks4? SKIPPED*",
             "*needs 4 ranks, the world has 2 (--ranks=2); run with --ranks=4 or more to include it*",
             "*needs 3 ranks, the world has 2 (--ranks=2); run with --ranks=3 or more to include it*",
         ]
@@ -401,4 +403,6 @@ def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.P
     )
     result = run(pytester, "-s", "-v")
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"])
+    result.stdout.fnmatch_lines(
+        ["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"]
+    )

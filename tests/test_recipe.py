@@ -186,11 +186,11 @@ def test_qwen_path_that_is_not_a_model_is_refused(tmp_path: Path, world: Any) ->
 
 
 def test_artifacts_are_written_once_and_judged_again_offline(tmp_path: Path, world: Any) -> None:
-    nodeid = "tests/test_x.py::test_y[ranks=2]"
+    nodeid = "tests/test_x.py::test_y[ranks2]"
     recipe = LoraQwen(world=world, artifacts=ArtifactDir.for_test(tmp_path, nodeid))
     ref = recipe.run("single", steps=2)
     acc = recipe.run("single", steps=2, accumulate=2)
-    test_dir = tmp_path / "tests_test_x.py__test_y_ranks=2"
+    test_dir = tmp_path / "tests_test_x.py__test_y_ranks2"
     assert sorted(p.name for p in test_dir.iterdir()) == ["01-single", "02-single-acc2"]
     summary = json.loads((test_dir / "01-single" / "record.json").read_text())
     assert summary["arm"] == "single" and summary["recipe"]["steps"] == 2

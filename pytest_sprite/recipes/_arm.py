@@ -259,45 +259,24 @@ def _quiet_lightning() -> Iterator[None]:
 
 
 def _lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]:
-    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device.
-
-    ``trainer_kwargs`` covers the devices the code under test targets, xpu and cpu. On CUDA (the seed's A100
-    runs) the same strategies run under Lightning's own CUDA accelerator: FP32 only, since the mixed-precision
-    plugin is built per device type by ``trainer_kwargs``.
-    """
-    from lightning.pytorch.strategies import SingleDeviceStrategy
-
+    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device (xpu, cuda, cpu)."""
     from pytest_sprite.lightning import trainer_kwargs
 
     accelerator = world.device.type
-    cuda = accelerator == "cuda"
-    if cuda and precision != "32-true":
-        raise SpriteUsageError(
-            f"precision={precision!r} on CUDA: the recipe runs CUDA arms in '32-true' only, because "
-            "trainer_kwargs builds its mixed-precision plugin for xpu and cpu; run BF16 arms on XPU or CPU"
-        )
-    target = "cpu" if cuda else accelerator
     if kind == "single":
-        devices: Any = [world.device.index or 0] if accelerator == "xpu" else 1
-        kwargs = trainer_kwargs("single", devices=devices, precision=precision, accelerator=target)  # type: ignore[arg-type]
-        if cuda:
-            kwargs["strategy"] = SingleDeviceStrategy(device=world.device)
-            kwargs["devices"] = [world.device.index or 0]
-    else:
-        if world.size % world.local_size:
-            raise SpriteUsageError(
-                f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
-            )
-        kwargs = trainer_kwargs(
-            kind,  # type: ignore[arg-type]
-            devices=world.local_size,
-            num_nodes=world.size // world.local_size,
-            precision=precision,
-            accelerator=target,  # type: ignore[arg-type]
+        devices: Any = 1 if accelerator == "cpu" else [world.device.index or 0]
+        return trainer_kwargs("single", devices=devices, precision=precision, accelerator=accelerator)  # type: ignore[arg-type]
+    if world.size % world.local_size:
+        raise SpriteUsageError(
+            f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
         )
-    if cuda:
-        kwargs["accelerator"] = "cuda"
-    return kwargs
+    return trainer_kwargs(
+        kind,  # type: ignore[arg-type]
+        devices=world.local_size,
+        num_nodes=world.size // world.local_size,
+        precision=precision,
+        accelerator=accelerator,  # type: ignore[arg-type]
+    )
 
 
 def _fit(
