@@ -1,6 +1,6 @@
 """Session start-up cost of each launcher: one 4-rank session per launcher, one run each, one table.
 
-Each session collects one trivial ``ranks(4)`` test and runs it, so its wall time is interpreter start,
+Each session collects one trivial ``ranks(4)`` test (a barrier) and runs it, so its wall time is interpreter start,
 collection, the launch (W agents importing torch and connecting back) and one 4-rank test. The column
 "over local" is the launch's own cost against ``--launcher=local``, whose agents are forks of the
 controller. pals runs against the PALS-like fake (``tests/fakes/pals/mpiexec``: MPICH underneath plus one
@@ -28,9 +28,11 @@ FAKES = ROOT / "tests" / "fakes"
 
 TEST = """
 import pytest
+import torch.distributed as dist
 
 @pytest.mark.ranks({ranks})
 def test_trivial(world):
+    dist.barrier()  # every rank past its rendezvous before rank 0, which hosts the store, exits
     assert world.size == {ranks}
 """
 

@@ -49,6 +49,7 @@ def test_collectives(world):
 
 @pytest.mark.ranks(2)
 def test_fails_on_rank_one(world):
+    dist.barrier()  # see test_layout
     assert world.rank != 1, "rank one disagrees"
 
 
@@ -90,6 +91,9 @@ def test_after_agent_lost(world):
 
 @pytest.mark.ranks(W)
 def test_layout(world):
+    # Every rank is past init_process_group before rank 0, which hosts the store, may finish and exit;
+    # without it a slow rank's last store call can meet a closed store (a harness race, not a launcher's).
+    dist.barrier()
     # the child inherits its agent's environment: what the launcher gave that rank
     env = os.environ
     rank = world.rank

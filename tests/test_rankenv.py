@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -554,33 +555,33 @@ def test_launcher_variables_cover_every_family() -> None:
 
 
 _PROBE = """
-import json, os
+import json, os, sys
 from pytest_sprite._rankenv import read_rank_env
 info = read_rank_env()
 env = {k: os.environ[k] for k in ("PMI_RANK", "MPI_LOCALRANKID")}
 via_mpi4py = read_rank_env(env)  # PMI_SIZE left out of the mapping: the size must come from mpi4py
-print(json.dumps([info.rank, info.local_rank, info.world_size, list(info.sources), via_mpi4py.world_size,
-                  list(via_mpi4py.sources)]))
+row = [info.rank, info.local_rank, info.world_size, list(info.sources), via_mpi4py.world_size,
+       list(via_mpi4py.sources)]
+with open(os.path.join(sys.argv[1], os.environ["PMI_RANK"] + ".json"), "w") as fh:
+    json.dump(row, fh)  # a file per rank: mpiexec may interleave the ranks' stdout mid-line
 """
 
 
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH (pip install mpich)")
-def test_real_mpiexec_ranks() -> None:
+def test_real_mpiexec_ranks(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     env["OMP_NUM_THREADS"] = "1"
-    out = subprocess.run(
-        ["mpiexec", "-n", "2", sys.executable, "-c", _PROBE],
+    subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, "-c", _PROBE, str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
-    ).stdout
-    import json
-
-    rows = sorted(json.loads(line) for line in out.splitlines() if line.startswith("["))
+    )
+    rows = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     sources = ["PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS"]
     via = ["PMI_RANK", "MPI_LOCALRANKID", "mpi4py COMM_WORLD size"]
     assert rows == [[0, 0, 2, sources, 2, via], [1, 1, 2, sources, 2, via]]
