@@ -311,9 +311,9 @@ def _world_size(found: _Found, argument: int | None, use_mpi4py: bool) -> tuple[
     mpi_launched = bool(rank_launchers - {"torchrun"})
     why_not = "mpi4py was not consulted (use_mpi4py=False)"
     if use_mpi4py and mpi_launched:
-        size, why_not = _mpi4py_world_size()
-        if size is not None:
-            return size, _MPI4PY_SOURCE
+        mpi_size, why_not = _mpi4py_world_size()
+        if mpi_size is not None:
+            return mpi_size, _MPI4PY_SOURCE
     elif use_mpi4py:
         why_not = "mpi4py was not consulted (only torchrun's RANK is set, not an MPI launch)"
     rank_name = found["rank"][0][0]

@@ -59,7 +59,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 @pytest.fixture
 def no_mpi4py(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make ``from mpi4py import MPI`` raise ImportError."""
-    monkeypatch.setitem(sys.modules, "mpi4py", None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "mpi4py", None)
 
 
 def install_fake_mpi4py(monkeypatch: pytest.MonkeyPatch, size: int) -> list[int]:
