@@ -1,7 +1,7 @@
 """The accelerator-agnostic training paths on a real CUDA device (GPU machine only; not in CI).
 
 BF16 autocast through XPUMixedPrecision on "cuda", a bf16-mixed single-device Lightning fit with
-trainer_kwargs(accelerator="cuda"), and the FP32 parity recipe's single arm on the GPU.
+trainer_kwargs(accelerator="cuda"), and the parity recipe's single arm on the GPU in FP32 and BF16.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def test_bf16_single_device_fit_on_cuda(tmp_path) -> None:  # type: ignore[no-un
     from pytest_sprite.lightning import trainer_kwargs
 
     seen: list[torch.dtype] = []
+    devices: list[str] = []
 
     class Model(L.LightningModule):
         def __init__(self) -> None:
@@ -45,6 +46,7 @@ def test_bf16_single_device_fit_on_cuda(tmp_path) -> None:  # type: ignore[no-un
             x, y = batch
             logits = self.net(x)
             seen.append(logits.dtype)
+            devices.append(self.net[0].weight.device.type)
             return torch.nn.functional.cross_entropy(logits.float(), y)
 
         def configure_optimizers(self):  # type: ignore[no-untyped-def]
@@ -63,28 +65,29 @@ def test_bf16_single_device_fit_on_cuda(tmp_path) -> None:  # type: ignore[no-un
     )
     trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=16))
     assert seen and all(dtype == torch.bfloat16 for dtype in seen)
-    assert next(model.parameters()).device.type == "cuda"
+    assert devices and set(devices) == {"cuda"}  # Lightning moves the model back to the CPU after fit
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert any(not torch.equal(a, b.cpu()) for a, b in zip(before, model.parameters(), strict=True))
 
 
-def test_parity_recipe_on_the_gpu(pytester: pytest.Pytester) -> None:
+def test_parity_recipe_single_arm_on_the_gpu(pytester: pytest.Pytester) -> None:
+    # One GPU: Lightning's CUDA accelerator refuses devices=2 on it, so the distributed arms need a
+    # machine with at least two GPUs; the single-device reference runs here, in FP32 and in BF16.
     pytester.makepyfile(
         """
+        import math
         import pytest
         import lightning.pytorch, peft, transformers  # noqa: F401
-        from pytest_sprite.assertions import assert_parity, expect_fault_rejected
 
-        @pytest.mark.ranks(2)
-        def test_single_and_ddp_on_cuda_over_gloo(world, lora_qwen):
+        @pytest.mark.ranks(1)
+        def test_single_arm_on_cuda(world, lora_qwen):
             assert world.device.type == "cuda"
-            ref = lora_qwen.run("single")
-            assert ref.device_type == "cuda"
-            result = assert_parity(ref, lora_qwen.run("ddp"))
-            print("PARITY", result)
-            with expect_fault_rejected("wrong-scale"):
-                assert_parity(ref, lora_qwen.run("ddp", fault="wrong-scale"))
+            for precision in ("32-true", "bf16-mixed"):
+                ref = lora_qwen.run("single", precision=precision)
+                assert ref.device_type == "cuda" and ref.precision == precision
+                print("SINGLE", precision, ref.pre_clip_norms, ref.post_clip_norms)
+                assert all(math.isfinite(x) for step in ref.pre_clip_norms for x in step)
         """
     )
-    result = pytester.runpytest_subprocess("-v", "-s", timeout=500)
+    result = pytester.runpytest_subprocess("-v", "-s", timeout=300)
     result.assert_outcomes(passed=1)
