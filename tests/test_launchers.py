@@ -94,34 +94,35 @@ def test_layout(world):
     # Every rank is past init_process_group before rank 0, which hosts the store, may finish and exit;
     # without it a slow rank's last store call can meet a closed store (a harness race, not a launcher's).
     dist.barrier()
-    # the child inherits its agent's environment: what the launcher gave that rank
     env = os.environ
     rank = world.rank
+    assert (env["RANK"], env["WORLD_SIZE"]) == (str(rank), str(W))
+    launcher_variables = {{"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
+                           "SLURM_LOCALID", "PALS_RANKID", "PALS_LOCAL_RANKID", "PMIX_RANK",
+                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}}
+    assert not launcher_variables & set(env), launcher_variables & set(env)
 {layout}
 """
 
-LAYOUTS = {
-    "mpiexec": """
-    assert (env["PMI_RANK"], env["PMI_SIZE"], env["MPI_LOCALRANKID"]) == (str(rank), str(W), str(rank))
-    assert not {"SLURM_PROCID", "PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
-""",
-    "torchrun": """
-    assert env["TORCHELASTIC_RUN_ID"]
-    assert not {"PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
-""",
-    "pals": """
-    assert (env["PALS_RANKID"], env["PMIX_RANK"]) == (str(rank), str(rank))
-    assert (env["PALS_LOCAL_RANKID"], env["PALS_NODEID"]) == (str(rank % 2), str(rank // 2))
-    assert not {"PMI_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"} & set(env)
+_ONE_NODE = """
+    assert (world.local_rank, world.local_size, world.node) == (rank, W, 0)
+"""
+_TWO_NODES = """
     # 2 nodes of 2: the local rank differs from the global rank on the second node
-    assert rank < 2 or env["PALS_LOCAL_RANKID"] != env["PALS_RANKID"]
+    assert (world.local_rank, world.local_size, world.node) == (rank % 2, 2, rank // 2)
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["NODE_RANK"]) == (str(rank % 2), "2", str(rank // 2))
+"""
+# The launcher's placement reaches the test through world / LOCAL_RANK / NODE_RANK; its own variables
+# (which describe the whole launch, not the test's world) are removed from every test child.
+LAYOUTS = {
+    "mpiexec": _ONE_NODE,
+    "torchrun": _ONE_NODE + """
+    assert env["TORCHELASTIC_RUN_ID"]
 """,
-    "srun": """
-    assert (env["SLURM_PROCID"], env["SLURM_NTASKS"]) == (str(rank), str(W))
-    assert (env["SLURM_LOCALID"], env["SLURM_NODEID"]) == (str(rank % 2), str(rank // 2))
-    assert not {"PALS_RANKID", "OMPI_COMM_WORLD_RANK"} & set(env)
-""",
+    "pals": _TWO_NODES,
+    "srun": _TWO_NODES,
 }
+
 
 # Rank variables a controller may inherit from elsewhere, by the launcher they must not reach.
 STALE = {
@@ -375,13 +376,6 @@ def test_torchrun_refuses_a_multi_node_layout(
 
 
 @needs_mpiexec
-@pytest.mark.xfail(
-    strict=True,
-    reason="test children keep their agent's launcher variables (PMI_SIZE=4 beside the exported "
-    "WORLD_SIZE=2), so the rank reader, Lightning's SLURMEnvironment and mpi4py in a child see the "
-    "launch's world, not the test's; needs rank/child.py's _export_env to unset the other launcher "
-    "families' variables (pytest_sprite._rankenv.LAUNCHER_VARIABLES)",
-)
 def test_reader_in_a_child_of_a_smaller_test(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,6 +64,9 @@ class _Agent:
     sock: socket.socket
     host: str
     local_rank: int
+    """The launcher's local rank for this agent: the device index its children use."""
+    node: tuple[str, int | None]
+    """Which node the agent is on: its host, and the launcher's node id where it gives one."""
     pid: int
 
 
@@ -189,11 +192,13 @@ class AgentPool:
                 f"{hello['pid']} on {hello['host']}): the launcher's rank variables are not per process"
             )
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node = hello.get("node")
         self.agents[rank] = _Agent(
             rank=rank,
             sock=conn,
             host=str(hello["host"]),
             local_rank=int(hello["local_rank"]),
+            node=(str(hello["host"]), None if node is None else int(node)),
             pid=int(hello["pid"]),
         )
 
@@ -220,19 +225,26 @@ class AgentPool:
             self.events.put((to, "agent_lost", {}))
 
     def placement(self, n: int) -> dict[int, dict[str, Any]]:
-        """Local rank, local size and node index of ranks 0..n-1 (grouped by the agents' hosts)."""
-        hosts: list[str] = []
-        counts: dict[str, int] = {}
-        out = {}
+        """Local rank, local size and node index of ranks 0..n-1 of a test.
+
+        The local rank is the launcher's (it picks the rank's device); ranks share a node when their
+        agents share a host and launcher node id; nodes are numbered in order of their first rank.
+        """
+        nodes: list[tuple[str, int | None]] = []
+        counts: dict[tuple[str, int | None], int] = {}
         for rank in range(n):
-            host = self.agents[rank].host
-            if host not in hosts:
-                hosts.append(host)
-            out[rank] = {"local_rank": counts.get(host, 0), "node": hosts.index(host), "_host": host}
-            counts[host] = counts.get(host, 0) + 1
-        for spec in out.values():
-            spec["local_size"] = counts[spec.pop("_host")]
-        return out
+            node = self.agents[rank].node
+            if node not in nodes:
+                nodes.append(node)
+            counts[node] = counts.get(node, 0) + 1
+        return {
+            rank: {
+                "local_rank": self.agents[rank].local_rank,
+                "local_size": counts[self.agents[rank].node],
+                "node": nodes.index(self.agents[rank].node),
+            }
+            for rank in range(n)
+        }
 
     def reserve_port(self, host: str) -> int:
         """Ask agent 0 for a free port on its host: rank 0's child hosts the rendezvous store there."""

@@ -79,6 +79,27 @@ class ChildSession:
     def __init__(self, channel: _Channel, spec: ChildSpec) -> None:
         self.channel = channel
         self.spec = spec
+        self.store: Any = None
+
+    def leave(self) -> None:
+        """Before exiting: rank 0 hosts the rendezvous store, so it waits until every rank is done with it.
+
+        Otherwise a rank still finishing ``init_process_group`` (or a late ``new_group``) when rank 0's
+        test ends gets "Connection reset by peer". Bounded: a rank that died never arrives, and the
+        controller ends rank 0 after the grace period anyway.
+        """
+        if self.store is None:
+            return
+        from .._timing import monotonic, sleep
+
+        try:
+            done = self.store.add("sprite/done", 1)
+            deadline = monotonic() + 30.0
+            while self.spec.rank == 0 and done < self.spec.world_size and monotonic() < deadline:
+                sleep(0.002)
+                done = self.store.add("sprite/done", 0)
+        except Exception:  # a peer's crash can break the store; the test's result is already sent
+            pass
 
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -114,6 +135,7 @@ class ChildSession:
             dist.init_process_group(
                 backend=backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
             )
+            self.store = store
         return World(
             rank=spec.rank,
             size=spec.world_size,
@@ -151,8 +173,25 @@ def _install_stack_dumps(run_dir: Path) -> None:
 _KEEP: list[Any] = []
 
 
+# Set by MPI process managers for the agent's own launch; a child must not inherit them either.
+_PMI_PLUMBING = ("PMI_FD", "PMI_PORT", "PMI_HOSTNAME", "PMI_ID", "PMIX_NAMESPACE", "PMIX_SERVER_URI2")
+
+
 def _export_env(spec: ChildSpec) -> None:
-    """The variables torchrun would set, so a Lightning Trainer(devices=n) uses these processes."""
+    """The variables torchrun would set, so a Lightning Trainer(devices=n) uses these processes.
+
+    The agent's own launcher variables (PMI_SIZE=4 beside a test's WORLD_SIZE=2, SLURM_NTASKS, ...)
+    describe the session's launch, not this test's world: they are removed, so the rank reader,
+    Lightning's cluster detection and mpi4py in the child see only the test's ranks.
+    """
+    from .._rankenv import LAUNCHER_VARIABLES
+
+    for family, names in LAUNCHER_VARIABLES.items():
+        if family != "torchrun":
+            for name in names:
+                os.environ.pop(name, None)
+    for name in _PMI_PLUMBING:
+        os.environ.pop(name, None)
     os.environ.update(
         RANK=str(spec.rank),
         LOCAL_RANK=str(spec.local_rank),
@@ -218,10 +257,12 @@ def run_child(
         _export_env(spec)
         _fresh_pytest_state(item)
         _capture_to_files(item.config, run_dir)
-        item.config.pluginmanager.register(ChildSession(channel, spec), "sprite-child")
+        session = ChildSession(channel, spec)
+        item.config.pluginmanager.register(session, "sprite-child")
         from _pytest.runner import runtestprotocol
 
         runtestprotocol(item, log=False, nextitem=None)
+        session.leave()
     except KeyboardInterrupt:
         channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec.rank}")
         code = 2

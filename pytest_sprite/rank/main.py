@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import pytest
 
 from .._wire import send_frame
+from ..errors import SpriteError
 from .agent import Agent, connect_to_controller
 
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
@@ -31,7 +32,10 @@ def _preimport_torch() -> None:
         pass
 
 
-def _hello(sock: socket.socket, *, token: str, rank: int, local_rank: int, world_size: int) -> None:
+def _hello(
+    sock: socket.socket, *, token: str, rank: int, local_rank: int, world_size: int, node: int | None = None
+) -> None:
+    """Tell the controller who this agent is: its rank and where the launcher placed it."""
     send_frame(
         sock,
         "agent_ready",
@@ -39,6 +43,7 @@ def _hello(sock: socket.socket, *, token: str, rank: int, local_rank: int, world
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
+        node=node,
         host=socket.gethostname(),
         pid=os.getpid(),
     )
@@ -68,6 +73,9 @@ def forked_agent_main(
         sock = connect_to_controller(host, port)
         _hello(sock, token=token, rank=rank, local_rank=rank, world_size=world_size)
         Agent(config=config, items=items, rank=rank, sock=sock).serve()
+    except SpriteError as exc:
+        print(f"pytest-sprite rank agent {rank}: {exc}", file=sys.stderr)
+        code = 1
     except BaseException:
         import traceback
 
@@ -101,7 +109,11 @@ class AgentSessionPlugin:
         from .._rankenv import read_rank_env
 
         world = os.environ.get("SPRITE_WORLD_SIZE")
-        info = read_rank_env(world_size=int(world) if world else None)
+        try:
+            info = read_rank_env(world_size=int(world) if world else None)
+        except SpriteError as exc:  # the reader's explanation, not a traceback, in the launch log's tail
+            print(f"pytest-sprite rank agent: {exc}", file=sys.stderr, flush=True)
+            os._exit(3)
         _preimport_torch()
         sock = connect_to_controller(self.host, self.port)
         _hello(
@@ -110,6 +122,7 @@ class AgentSessionPlugin:
             rank=info.rank,
             local_rank=info.local_rank,
             world_size=info.world_size,
+            node=info.node_rank,
         )
         Agent(config=self.config, items=self.items, rank=info.rank, sock=sock).serve()
         sys.stdout.flush()
