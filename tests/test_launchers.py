@@ -116,7 +116,8 @@ _TWO_NODES = """
 # (which describe the whole launch, not the test's world) are removed from every test child.
 LAYOUTS = {
     "mpiexec": _ONE_NODE,
-    "torchrun": _ONE_NODE + """
+    "torchrun": _ONE_NODE
+    + """
     assert env["TORCHELASTIC_RUN_ID"]
 """,
     "pals": _TWO_NODES,
