@@ -9,6 +9,7 @@ own, and the script hides mpi4py, as on a system without it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,8 @@ def test_mpiexec_with_pals_variables_runs_one_two_process_job(tmp_path: Path) ->
     env.pop("PBS_JOBID", None)
     command = [mpiexec, "-n", "2", "sh", "-c", PALS_FROM_HYDRA, sys.executable, str(script), str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    results = sorted(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    # Two ranks share mpiexec's stdout and may interleave their lines: find the records, not lines.
+    results = sorted(re.findall(r"RESULT \w+ rank=\d+ world=\d+ local=\d+ port=\d+", done.stdout))
     assert done.returncode == 0 and len(results) == 2, done.stdout[-3000:] + done.stderr[-3000:]
     port = env["MASTER_PORT"]
     assert results == [
