@@ -8,7 +8,8 @@ The same 20 trivial 2-rank tests (one all_reduce each) run four ways:
 - the floor: one pool of two processes that does 20 all_reduces.
 
 It also prints the marginal cost of one more sprite test (a 21-test session minus a 1-test
-session, over 20) against one cold spawn. Usage: ``python bench/dispatch.py [--tests 20]``.
+session, over 20) against one cold spawn. Sessions are the median of ``--runs`` runs (default 3); the
+cold spawns and the floor run once. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3]``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,6 +106,11 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     return elapsed
 
 
+def median_of(runs: int, argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    """Median wall time of ``runs`` runs: one run of a few seconds is at the mercy of a shared machine."""
+    return statistics.median(timed(argv, cwd, env) for _ in range(runs))
+
+
 def pair(worker: Path, rounds: int, env: dict[str, str]) -> None:
     port = str(free_port())
     procs = [
@@ -118,7 +125,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tests", type=int, default=20)
-    n = parser.parse_args().tests
+    parser.add_argument("--runs", type=int, default=3, help="median of this many runs of each session")
+    args = parser.parse_args()
+    n, runs = args.tests, args.runs
     env = dict(os.environ, OMP_NUM_THREADS="1")
     work = Path(tempfile.mkdtemp(prefix="sprite-bench-"))
     for name, count in (("sprite_n", n), ("sprite_1", 1), ("sprite_n1", n + 1)):
@@ -128,13 +137,18 @@ def main() -> None:
     worker = work / "worker.py"
     worker.write_text(WORKER)
     # CPU ranks everywhere, as in the other three ways (a GPU machine would otherwise give the ranks its GPU).
+    # Only this plugin is loaded: other installed pytest plugins cost their own import time (hypothesis's
+    # alone is about 0.7 s here), which is not dispatch; the session with every plugin is printed beside it.
     pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sprite-device=cpu"]
+    only_sprite = dict(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    sprite_argv = [*pytest_argv, "-p", "pytest_sprite.plugin"]
 
     results: dict[str, float] = {}
-    results["sprite"] = timed([*pytest_argv, "sprite_n"], work, env)
-    results["sprite_1"] = timed([*pytest_argv, "sprite_1"], work, env)
-    results["sprite_n1"] = timed([*pytest_argv, "sprite_n1"], work, env)
-    results["mpct"] = timed([sys.executable, "test_mpct.py"], work, env)
+    results["sprite"] = median_of(runs, [*sprite_argv, "sprite_n"], work, only_sprite)
+    results["sprite_1"] = median_of(runs, [*sprite_argv, "sprite_1"], work, only_sprite)
+    results["sprite_n1"] = median_of(runs, [*sprite_argv, "sprite_n1"], work, only_sprite)
+    results["sprite_all_plugins"] = median_of(runs, [*pytest_argv, "sprite_n"], work, env)
+    results["mpct"] = median_of(runs, [sys.executable, "test_mpct.py"], work, env)
     start = time.perf_counter()
     for _ in range(n):
         pair(worker, 1, env)
@@ -147,13 +161,14 @@ def main() -> None:
     cold_one = results["cold"] / n
     rows = [
         (f"pytest-sprite, {n} tests (fresh processes per test)", results["sprite"]),
+        ("  the same with every installed pytest plugin loaded", results["sprite_all_plugins"]),
         (f"torch MultiProcContinuousTest, {n} tests (warm, shared)", results["mpct"]),
         (f"cold spawn per test, {n} tests", results["cold"]),
         (f"floor: one pool, {n} all_reduces", results["floor"]),
         ("pytest-sprite marginal cost of one more test", marginal),
         ("cold spawn, one test", cold_one),
     ]
-    print(f"cpu cores: {os.cpu_count()}, torch threads per rank: 1")
+    print(f"cpu cores: {os.cpu_count()}, torch threads per rank: 1, sessions: median of {runs} runs")
     print(f"{'what':58} {'wall s':>8}")
     for what, seconds in rows:
         print(f"{what:58} {seconds:8.2f}")

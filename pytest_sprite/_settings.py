@@ -119,14 +119,6 @@ OPTIONS: Final = (
         "DIR",
     ),
     _Option(
-        "--sprite-report",
-        "sprite_report",
-        "sprite_report",
-        "SPRITE_REPORT",
-        "Write a JSON report of every assertion's figures to PATH (refuses to overwrite).",
-        "PATH",
-    ),
-    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -183,7 +175,6 @@ class Settings:
     connect_timeout: float
     device: str
     artifacts: str | None
-    report: str | None
     qwen_path: str | None
 
     @classmethod
@@ -233,6 +224,5 @@ class Settings:
             connect_timeout=parse_timeout(*connect) if connect else DEFAULT_CONNECT_TIMEOUT,
             device=device_name,
             artifacts=text("sprite_artifacts"),
-            report=text("sprite_report"),
             qwen_path=text("sprite_qwen_path"),
         )

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 __all__ = [
     "AGENT_EVENTS",
+    "CHILD_DONE",
     "CONTROLLER_COMMANDS",
     "FrameReader",
     "decode_frame",
@@ -41,6 +42,9 @@ AGENT_EVENTS: Final = frozenset(
         "agent_error",  # agent: could not run what it was asked (unknown test id, fork failed)
     }
 )
+
+# Child -> agent only: the child's last frame before os._exit(0); the agent answers it with child_exited.
+CHILD_DONE: Final = "child_done"
 
 
 def encode_frame(event: str, payload: dict[str, Any]) -> bytes:

@@ -7,6 +7,7 @@ SIGUSR1) before killing it. Depends on nothing of the controller side.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import shutil
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._stacks import strip_harness_frames, tail_lines
 from .._timing import monotonic, sleep
-from .._wire import FrameReader, recv_frame, send_frame
+from .._wire import CHILD_DONE, FrameReader, recv_frame, send_frame
+from .child import run_child
 
 if TYPE_CHECKING:
     import pytest
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "connect_to_controller"]
 
 STACK_SIGNAL = signal.SIGUSR1
+_CHILD_DONE = b'{"event":"' + CHILD_DONE.encode() + b'"'  # the child's last frame; the agent consumes it
 _TAIL_LINES = 40
 
 
@@ -84,6 +87,8 @@ class Agent:
         self.sock = sock
         self.child: _Child | None = None
         self.reserved: socket.socket | None = None
+        self.exiting: list[int] = []
+        """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
 
     # -- main loop ---------------------------------------------------------------------------
@@ -98,6 +103,7 @@ class Agent:
                 self._kill_child()
             if self.reserved is not None:
                 self.reserved.close()
+            self._reap_exiting(block=True)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _loop_once(self) -> bool:
@@ -106,8 +112,9 @@ class Agent:
             watched.append(self.child.rfd)
         readable, _, _ = select.select(watched, [], [], 0.1)
         if self.child is not None and self.child.rfd in readable:
-            self.child.eof = self._relay_child_output()
-            if self.child.eof:  # the child closes its pipe only by exiting: reap it now, not at the next tick
+            eof = self._relay_child_output()
+            if eof and self.child is not None:  # closed by exiting: reap it now, not at the next tick
+                self.child.eof = True
                 self._reap(block=True)
         if self.sock in readable:
             frame = recv_frame(self.sock)
@@ -118,6 +125,8 @@ class Agent:
                 return False
         if self.child is not None:
             self._reap_if_exited()
+        if self.exiting:
+            self._reap_exiting()
         return True
 
     def _handle(self, command: str, payload: dict[str, Any]) -> bool:
@@ -160,13 +169,14 @@ class Agent:
         run_dir.mkdir()
         listener, self.reserved = self.reserved, None
         rfd, wfd = os.pipe()
+        # Move every object the agent holds out of the collector's reach: a collection in the child
+        # would otherwise write to (and so copy) every page of the inherited heap.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the test child
             try:
                 os.close(rfd)
                 self.sock.close()
-                from .child import run_child
-
                 listen_fd = listener.fileno() if listener is not None and spec["rank"] == 0 else None
                 run_child(
                     item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, listen_fd=listen_fd, **spec
@@ -222,7 +232,43 @@ class Agent:
             if not data:
                 return True
             for frame in child.reader.feed(data):
+                if frame[4:].startswith(_CHILD_DONE):
+                    self._release_finished_child()
+                    return True
                 self.sock.sendall(frame)
+
+    def _release_finished_child(self) -> None:
+        """The child said it is done and is exiting with status 0: report that now, reap it later.
+
+        Tearing down a process that holds torch takes milliseconds the next test need not wait for.
+        """
+        child = self.child
+        assert child is not None
+        send_frame(
+            self.sock,
+            "child_exited",
+            run_id=child.run_id,
+            rank=self.rank,
+            exitcode=0,
+            signal=None,
+            ended_by=None,
+            detail="",
+            output_tail="",
+            stacks="",
+        )
+        os.close(child.rfd)
+        shutil.rmtree(child.run_dir, ignore_errors=True)
+        self.exiting.append(child.pid)
+        self.child = None
+
+    def _reap_exiting(self, *, block: bool = False) -> None:
+        for pid in list(self.exiting):
+            try:
+                done, _ = os.waitpid(pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                self.exiting.remove(pid)
 
     def _reap_if_exited(self) -> None:
         self._reap(block=False)

@@ -24,7 +24,8 @@ import pytest
 
 from .. import world as _world
 from .._device import select_device
-from .._wire import encode_frame
+from .._rankenv import LAUNCHER_VARIABLES
+from .._wire import CHILD_DONE, encode_frame
 from ..world import World
 
 if TYPE_CHECKING:
@@ -184,8 +185,6 @@ def _export_env(spec: ChildSpec) -> None:
     describe the session's launch, not this test's world: they are removed, so the rank reader,
     Lightning's cluster detection and mpi4py in the child see only the test's ranks.
     """
-    from .._rankenv import LAUNCHER_VARIABLES
-
     for family, names in LAUNCHER_VARIABLES.items():
         if family != "torchrun":
             for name in names:
@@ -273,5 +272,7 @@ def run_child(
         try:
             sys.stdout.flush()
             sys.stderr.flush()
+            if code == 0:
+                channel.send(CHILD_DONE)
         finally:
             os._exit(code)

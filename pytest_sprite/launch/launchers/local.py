@@ -5,6 +5,7 @@ Nothing is imported or collected twice: each agent already holds the session's i
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 
@@ -86,6 +87,10 @@ class LocalLauncher:
             raise ValueError("the local launcher needs LaunchRequest.fork_agent")
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
         _preimport_torch()
+        # Freeze the collected heap (torch's included) out of the cyclic collector: agents and their
+        # children then share it copy-on-write instead of copying every page a collection touches,
+        # and the controller's own end-of-session collections skip it.
+        gc.freeze()
         pids = []
         for rank in range(request.world_size):
             pid = os.fork()
