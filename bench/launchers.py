@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 @pytest.mark.ranks({ranks})
 def test_trivial(world):
-    dist.barrier()  # every rank past its rendezvous before rank 0, which hosts the store, exits
+    dist.barrier()
     assert world.size == {ranks}
 """
 

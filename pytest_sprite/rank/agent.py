@@ -8,6 +8,7 @@ SIGUSR1) before killing it. Depends on nothing of the controller side.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import select
 import shutil
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .._stacks import strip_harness_frames, tail_lines
 from .._timing import monotonic, sleep
 from .._wire import CHILD_DONE, FrameReader, recv_frame, send_frame
-from .child import run_child
+from .child import run_spare
 
 if TYPE_CHECKING:
     import pytest
@@ -45,6 +46,16 @@ class _Child:
     ended_by: str | None = None
     detail: str = ""
     status: int | None = None
+
+
+@dataclass
+class _Spare:
+    """A forked child waiting for its test."""
+
+    pid: int
+    control: socket.socket
+    rfd: int
+    run_dir: Path
 
 
 def connect_to_controller(host: str, port: int, timeout: float = 60.0) -> socket.socket:
@@ -88,6 +99,8 @@ class Agent:
         self.child: _Child | None = None
         self.reserved: socket.socket | None = None
         self.exiting: list[int] = []
+        self.spare: _Spare | None = None
+        self._spares = 0
         """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
 
@@ -103,6 +116,9 @@ class Agent:
                 self._kill_child()
             if self.reserved is not None:
                 self.reserved.close()
+            if self.spare is not None:
+                self._discard_spare(self.spare)
+                self.spare = None
             self._reap_exiting(block=True)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -165,30 +181,70 @@ class Agent:
                 message=f"rank agent {self.rank} did not collect {nodeid!r} (its collection differs from the controller's)",
             )
             return
-        run_dir = self.workdir / f"run{run_id}"
-        run_dir.mkdir()
+        spare = self._take_spare()
         listener, self.reserved = self.reserved, None
+        fds = [listener.fileno()] if listener is not None and spec["rank"] == 0 else []
+        request = json.dumps({"run_id": run_id, "nodeid": nodeid, **spec}).encode()
+        try:
+            socket.send_fds(spare.control, [request], fds)
+        finally:
+            spare.control.close()
+            if listener is not None:
+                listener.close()  # the child holds its own copy
+        self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
+        send_frame(self.sock, "child_started", run_id=run_id, rank=self.rank, pid=spare.pid)
+
+    # -- spare children ----------------------------------------------------------------------
+
+    def _fork_spare(self) -> None:
+        """Fork the next test's child now, while nothing runs; it waits for its test on a socket.
+
+        Forking a process that holds torch and preparing its output files costs milliseconds that
+        would otherwise sit between two tests.
+        """
+        self._spares += 1
+        run_dir = self.workdir / f"child{self._spares}"
+        run_dir.mkdir()
+        parent_end, child_end = socket.socketpair()
         rfd, wfd = os.pipe()
         # Move every object the agent holds out of the collector's reach: a collection in the child
         # would otherwise write to (and so copy) every page of the inherited heap.
         gc.freeze()
         pid = os.fork()
-        if pid == 0:  # the test child
+        if pid == 0:  # the spare child
             try:
+                parent_end.close()
                 os.close(rfd)
                 self.sock.close()
-                listen_fd = listener.fileno() if listener is not None and spec["rank"] == 0 else None
-                run_child(
-                    item=item, write_fd=wfd, run_dir=run_dir, run_id=run_id, listen_fd=listen_fd, **spec
-                )
+                if self.reserved is not None:
+                    self.reserved.close()
+                run_spare(control=child_end, items=self.items, write_fd=wfd, run_dir=run_dir)
             finally:
                 os._exit(70)
+        child_end.close()
         os.close(wfd)
-        if listener is not None:
-            listener.close()  # the child holds its own copy
         os.set_blocking(rfd, False)
-        self.child = _Child(run_id=run_id, pid=pid, rfd=rfd, run_dir=run_dir)
-        send_frame(self.sock, "child_started", run_id=run_id, rank=self.rank, pid=pid)
+        self.spare = _Spare(pid=pid, control=parent_end, rfd=rfd, run_dir=run_dir)
+
+    def _take_spare(self) -> _Spare:
+        """The waiting spare child, or a fresh one if there is none or it died."""
+        spare = self.spare
+        self.spare = None
+        if spare is not None and os.waitpid(spare.pid, os.WNOHANG)[0] != 0:
+            self._discard_spare(spare, reaped=True)
+            spare = None
+        if spare is None:
+            self._fork_spare()
+            spare, self.spare = self.spare, None
+        assert spare is not None
+        return spare
+
+    def _discard_spare(self, spare: _Spare, *, reaped: bool = False) -> None:
+        spare.control.close()  # an unused spare reads EOF and exits
+        os.close(spare.rfd)
+        if not reaped:
+            self.exiting.append(spare.pid)
+        shutil.rmtree(spare.run_dir, ignore_errors=True)
 
     def cmd_abort(self, run_id: int, reason: str, detail: str = "") -> None:
         """Take the child's stacks, then kill it (a timeout, or a peer that failed)."""
@@ -260,6 +316,7 @@ class Agent:
         shutil.rmtree(child.run_dir, ignore_errors=True)
         self.exiting.append(child.pid)
         self.child = None
+        self._fork_spare()
 
     def _reap_exiting(self, *, block: bool = False) -> None:
         for pid in list(self.exiting):
@@ -331,3 +388,4 @@ class Agent:
         os.close(child.rfd)
         shutil.rmtree(child.run_dir, ignore_errors=True)
         self.child = None
+        self._fork_spare()

@@ -11,10 +11,13 @@ from __future__ import annotations
 import base64
 import faulthandler
 import io
+import json
 import os
 import signal
+import socket
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +34,7 @@ from ..world import World
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ChildSpec", "run_child"]
+__all__ = ["ChildSpec", "run_child", "run_spare"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,18 +244,35 @@ def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
         os.close(fd)
 
 
+def run_spare(
+    *, control: socket.socket, items: Mapping[str, pytest.Item], write_fd: int, run_dir: Path
+) -> NoReturn:
+    """Body of a spare child: prepare what no test decides, wait for the test, run it; never returns.
+
+    The agent sends ``{"run_id", "nodeid", **ChildSpec fields}`` as JSON, with rank 0's listening
+    rendezvous socket attached (SCM_RIGHTS); EOF means the spare is not needed.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _redirect_output(run_dir)
+    _install_stack_dumps(run_dir)
+    message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
+    control.close()
+    if not message:
+        os._exit(0)
+    request = json.loads(message)
+    item = items[request.pop("nodeid")]
+    run_child(item=item, write_fd=write_fd, run_dir=run_dir, listen_fd=fds[0] if fds else None, **request)
+
+
 def run_child(
     *, item: pytest.Item, write_fd: int, run_dir: Path, run_id: int, **spec_fields: Any
 ) -> NoReturn:
-    """Run one item as one rank and end the process; never returns."""
+    """Run one item as one rank and end the process; never returns. Output is already redirected."""
     code = 0
     spec = ChildSpec(run_id=run_id, **spec_fields)
     channel = _Channel(write_fd, spec)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _redirect_output(run_dir)
-        _install_stack_dumps(run_dir)
         _export_env(spec)
         _fresh_pytest_state(item)
         _capture_to_files(item.config, run_dir)
