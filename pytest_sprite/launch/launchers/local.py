@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import warnings
 
 from ..._timing import monotonic, sleep
 from .base import LaunchHandle, LaunchRequest, tail_of_file
@@ -93,7 +94,12 @@ class LocalLauncher:
         gc.freeze()
         pids = []
         for rank in range(request.world_size):
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns when a process with threads forks (a CUDA build of torch starts
+                # some at import). An agent touches none of the state those threads guard: it only
+                # serves its socket and forks test children, which initialize devices themselves.
+                warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+                pid = os.fork()
             if pid == 0:
                 try:
                     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the controller, which ends the agents
