@@ -206,16 +206,31 @@ def _export_env(spec: ChildSpec) -> None:
     )
 
 
+def _all_fixturedefs(item: pytest.Item) -> list[Any]:
+    """Every fixture definition the session knows (pytest's private registry changed shape in 9.2).
+
+    Falls back to the item's own closure, which covers every fixture it requests by name.
+    """
+    manager = item.session._fixturemanager  # type: ignore[attr-defined]
+    if hasattr(manager, "_get_all_fixture_defs"):  # pytest >= 9.2
+        return list(manager._get_all_fixture_defs())
+    if hasattr(manager, "_arg2fixturedefs"):  # pytest 8.0 - 9.1
+        return [fd for defs in manager._arg2fixturedefs.values() for fd in defs]
+    info = getattr(item, "_fixtureinfo", None)
+    return [fd for defs in info.name2fixturedefs.values() for fd in defs] if info is not None else []
+
+
 def _fresh_pytest_state(item: pytest.Item) -> None:
     """Forget fixtures and setup state inherited through fork: every child sets up its own."""
     from _pytest.runner import SetupState
 
     session = item.session
     session._setupstate = SetupState()  # type: ignore[attr-defined]
-    for defs in session._fixturemanager._arg2fixturedefs.values():  # type: ignore[attr-defined]
-        for fixturedef in defs:
-            fixturedef.cached_result = None
-            fixturedef._finalizers.clear()
+    for fixturedef in _all_fixturedefs(item):
+        fixturedef.cached_result = None
+        finalizers = getattr(fixturedef, "_finalizers", None)
+        if finalizers is not None:
+            finalizers.clear()
     # No debugger prompt in a rank without a terminal.
     for name in ("pdbinvoke", "pdbtrace"):
         plugin = item.config.pluginmanager.get_plugin(name)
