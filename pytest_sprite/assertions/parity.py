@@ -164,7 +164,7 @@ class ParityResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready result for ``--sprite-report``."""
+        """JSON-ready figures of this result (for a report or an offline record)."""
         return {
             "kind": "parity",
             "rtol": self.rtol,
