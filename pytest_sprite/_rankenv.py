@@ -33,6 +33,7 @@ from .errors import RankEnvError
 __all__ = [
     "LAUNCHER_VARIABLES",
     "PORT_RANGE",
+    "SHARED_PORT_VARIABLES",
     "RankInfo",
     "derive_port",
     "expand_hostlist",
@@ -474,6 +475,8 @@ PORT_RANGE = range(20000, 30000)
 outgoing connection of some other process cannot be holding the port by chance."""
 
 _JOB_ID_VARS = ("PBS_JOBID", "SLURM_JOB_ID", "SLURM_JOBID")
+SHARED_PORT_VARIABLES: tuple[str, ...] = ("MASTER_PORT", *_JOB_ID_VARS)
+"""Variables from which every rank derives the same rendezvous port (without them each picks its own)."""
 
 
 def rendezvous_port(environ: Mapping[str, str] | None = None) -> int:

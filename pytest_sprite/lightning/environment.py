@@ -14,7 +14,13 @@ import os
 
 from lightning.fabric.plugins.environments import ClusterEnvironment
 
-from pytest_sprite._rankenv import RankInfo, read_rank_env, rendezvous_host, rendezvous_port
+from pytest_sprite._rankenv import (
+    SHARED_PORT_VARIABLES,
+    RankInfo,
+    read_rank_env,
+    rendezvous_host,
+    rendezvous_port,
+)
 from pytest_sprite.errors import RankEnvError, SpriteUsageError
 
 __all__ = ["PALSEnvironment"]
@@ -22,7 +28,7 @@ __all__ = ["PALSEnvironment"]
 _log = logging.getLogger(__name__)
 
 # Where rendezvous_port finds a port all ranks agree on without communicating.
-_PORT_SOURCES = ("MASTER_PORT", "PBS_JOBID", "SLURM_JOB_ID", "SLURM_JOBID")
+_PORT_SOURCES = SHARED_PORT_VARIABLES
 
 
 class PALSEnvironment(ClusterEnvironment):

@@ -6,7 +6,6 @@ so loading it costs nothing in the controller.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -23,19 +22,11 @@ __all__ = ["lora_qwen", "xpu_mesh"]
 _BACKENDS = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
 
 
-def _setting(config: pytest.Config, name: str, dest: str, env: str) -> Any:
-    """A session setting as the plugin resolved it (command line > environment > ini).
-
-    Falls back to the option and then the environment when the session has no resolved settings (the
-    plugin disabled, or this module loaded on its own with ``-p``).
-    """
+def _setting(config: pytest.Config, name: str) -> Any:
+    """A session setting as the plugin resolved it (command line > environment > ini)."""
     from pytest_sprite._settings import settings_key
 
-    settings = config.stash.get(settings_key, None)
-    if settings is not None:
-        return getattr(settings, name, None)
-    value = config.getoption(dest, None)
-    return value if value not in (None, "") else os.environ.get(env) or None
+    return getattr(config.stash[settings_key], name)
 
 
 @pytest.fixture
@@ -46,10 +37,10 @@ def lora_qwen(request: pytest.FixtureRequest, world: World) -> LoraQwen:
     With ``--sprite-artifacts DIR`` every arm's record is written under ``DIR/<test id>/``.
     """
     from pytest_sprite.recipes.artifacts import ArtifactDir
-    from pytest_sprite.recipes.lora_qwen import QWEN_PATH_ENV, LoraQwen
+    from pytest_sprite.recipes.lora_qwen import LoraQwen
 
-    qwen_path = _setting(request.config, "qwen_path", "sprite_qwen_path", QWEN_PATH_ENV)
-    artifacts = _setting(request.config, "artifacts", "sprite_artifacts", "SPRITE_ARTIFACTS")
+    qwen_path = _setting(request.config, "qwen_path")
+    artifacts = _setting(request.config, "artifacts")
     return LoraQwen(
         world=world,
         qwen_path=qwen_path,
