@@ -86,22 +86,24 @@ class ChildSession:
         self.store: Any = None
 
     def leave(self) -> None:
-        """Before exiting: rank 0 hosts the rendezvous store, so it waits until every rank is done with it.
+        """Before exiting, make sure no peer still needs this process for its rendezvous.
 
-        Otherwise a rank still finishing ``init_process_group`` (or a late ``new_group``) when rank 0's
-        test ends gets "Connection reset by peer". Bounded: a rank that died never arrives, and the
-        controller ends rank 0 after the grace period anyway.
+        Every rank waits until every rank has finished ``init_process_group`` (a peer still building
+        gloo's full mesh would otherwise meet a closed connection), and rank 0, which hosts the store,
+        waits until every rank has checked out of it. Bounded: a rank that died never arrives, and the
+        controller ends the waiting ranks after the grace period anyway.
         """
         if self.store is None:
             return
         from .._timing import monotonic, sleep
 
+        deadline = monotonic() + 30.0
         try:
-            done = self.store.add("sprite/done", 1)
-            deadline = monotonic() + 30.0
-            while self.spec.rank == 0 and done < self.spec.world_size and monotonic() < deadline:
-                sleep(0.002)
-                done = self.store.add("sprite/done", 0)
+            for key, delta, waits in (("sprite/ready", 0, True), ("sprite/done", 1, self.spec.rank == 0)):
+                count = self.store.add(key, delta)
+                while waits and count < self.spec.world_size and monotonic() < deadline:
+                    sleep(0.002)
+                    count = self.store.add(key, 0)
         except Exception:  # a peer's crash can break the store; the test's result is already sent
             pass
 
@@ -139,6 +141,7 @@ class ChildSession:
             dist.init_process_group(
                 backend=backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
             )
+            store.add("sprite/ready", 1)
             self.store = store
         return World(
             rank=spec.rank,
