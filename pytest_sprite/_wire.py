@@ -37,6 +37,7 @@ AGENT_EVENTS: Final = frozenset(
         "child_started",  # agent: forked the child for a test
         "report",  # child: one serialized TestReport (setup / call / teardown)
         "collected",  # child: world.collect(name, tensor)
+        "output",  # child: what it printed, when capture is off (-s)
         "interrupted",  # child: KeyboardInterrupt in the test
         "child_exited",  # agent: the child ended; exit status, output tail, stacks
         "agent_error",  # agent: could not run what it was asked (unknown test id, fork failed)

@@ -406,3 +406,18 @@ def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.P
     result.stdout.fnmatch_lines(
         ["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"]
     )
+
+
+def test_capture_off_shows_every_ranks_output_marked_with_its_rank(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_prints(world):
+            print(f"hello from rank {world.rank}")
+        """
+    )
+    result = run(pytester, "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines_random(["[[]rank 0[]] hello from rank 0", "[[]rank 1[]] hello from rank 1"])

@@ -492,6 +492,15 @@ class Controller:
         """Emitted by a child's ``world.collect(name, tensor)``."""
         store_collected(run.item, payload["name"], rank, payload["tensor"])
 
+    def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+        """Emitted by a child under ``-s``: show what the rank printed, each line marked with its rank."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        reporter.ensure_newline()
+        for line in payload["text"].rstrip("\n").splitlines():
+            reporter.write_line(f"[rank {rank}] {line}")
+
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
         run.interrupted = payload["message"]

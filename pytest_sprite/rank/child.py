@@ -262,6 +262,15 @@ def _capture_to_files(config: pytest.Config, run_dir: Path) -> None:
         os.close(fd)
 
 
+def _send_uncaptured_output(config: pytest.Config, channel: _Channel, run_dir: Path) -> None:
+    """With ``-s`` the user wants to see what each rank printed: send it for the controller to show."""
+    if config.getoption("capture", None) != "no":
+        return
+    text = (run_dir / "output.log").read_text(errors="replace")
+    if text.strip():
+        channel.send("output", text=text)
+
+
 def run_spare(
     *, control: socket.socket, items: Mapping[str, pytest.Item], write_fd: int, run_dir: Path
 ) -> NoReturn:
@@ -299,6 +308,7 @@ def run_child(
         from _pytest.runner import runtestprotocol
 
         runtestprotocol(item, log=False, nextitem=None)
+        _send_uncaptured_output(item.config, channel, run_dir)
         session.leave()
     except KeyboardInterrupt:
         channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec.rank}")
