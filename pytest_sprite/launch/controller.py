@@ -528,18 +528,22 @@ class Controller:
             run.note_failure(rank)
 
     def on_agent_lost(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
-        """Posted by a reader thread when an agent's connection closed."""
+        """Posted by a reader thread when an agent's connection closed.
+
+        Only that rank ends here; the others finish or are ended after the grace period like peers of
+        any failed rank, so their own tracebacks and stacks still reach the report. The pool is then
+        replaced before the next ranks test.
+        """
         pool.broken = pool.broken or f"rank agent {rank} was lost"
-        tail = pool.handle.output_tail() if pool.handle else ""
-        for r in run.live:
-            if r == rank or r not in pool.agents or pool.broken:
-                run.ends[r] = RankEnd(
-                    rank=r,
-                    ended_by="agent_lost",
-                    detail=f"the connection to rank agent {rank} closed",
-                    output_tail=tail,
-                )
-        run.note_failure(rank)
+        if rank in run.live:
+            tail = pool.handle.output_tail() if pool.handle else ""
+            run.ends[rank] = RankEnd(
+                rank=rank,
+                ended_by="agent_lost",
+                detail=f"the connection to rank agent {rank} closed",
+                output_tail=tail,
+            )
+            run.note_failure(rank)
 
     def _check_deadlines(self, pool: AgentPool, run: _Run) -> None:
         now = monotonic()

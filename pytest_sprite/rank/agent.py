@@ -210,6 +210,7 @@ class Agent:
         # Move every object the agent holds out of the collector's reach: a collection in the child
         # would otherwise write to (and so copy) every page of the inherited heap.
         gc.freeze()
+        agent_pid = os.getpid()
         pid = os.fork()
         if pid == 0:  # the spare child
             try:
@@ -218,7 +219,9 @@ class Agent:
                 self.sock.close()
                 if self.reserved is not None:
                     self.reserved.close()
-                run_spare(control=child_end, items=self.items, write_fd=wfd, run_dir=run_dir)
+                run_spare(
+                    control=child_end, items=self.items, write_fd=wfd, run_dir=run_dir, agent_pid=agent_pid
+                )
             finally:
                 os._exit(70)
         child_end.close()

@@ -271,8 +271,31 @@ def _send_uncaptured_output(config: pytest.Config, channel: _Channel, run_dir: P
         channel.send("output", text=text)
 
 
+def _die_with_parent(agent_pid: int) -> None:
+    """Ask Linux to kill this child when its agent dies, so a lost agent leaves no rank behind.
+
+    Without it, a child waiting in a collective outlives an agent killed by the launcher or the OOM
+    killer. No-op where prctl is unavailable.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+        os._exit(1)
+
+
 def run_spare(
-    *, control: socket.socket, items: Mapping[str, pytest.Item], write_fd: int, run_dir: Path
+    *,
+    control: socket.socket,
+    items: Mapping[str, pytest.Item],
+    write_fd: int,
+    run_dir: Path,
+    agent_pid: int,
 ) -> NoReturn:
     """Body of a spare child: prepare what no test decides, wait for the test, run it; never returns.
 
@@ -280,6 +303,7 @@ def run_spare(
     rendezvous socket attached (SCM_RIGHTS); EOF means the spare is not needed.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(agent_pid)
     _redirect_output(run_dir)
     _install_stack_dumps(run_dir)
     message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
