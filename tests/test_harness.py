@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sprite_testing import fnescape
 
@@ -421,3 +423,33 @@ def test_capture_off_shows_every_ranks_output_marked_with_its_rank(pytester: pyt
     result = run(pytester, "-s")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines_random(["[[]rank 0[]] hello from rank 0", "[[]rank 1[]] hello from rank 1"])
+
+
+def test_a_lost_agent_fails_its_test_and_leaves_no_rank_behind(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os, signal, time
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.ranks(2, timeout=120)
+        def test_rank1_kills_its_agent(world):
+            if world.rank == 1:
+                with open("rank1.pid", "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.kill(os.getppid(), signal.SIGKILL)
+                time.sleep(1000)  # dies with its agent, not after this sleep
+            dist.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_next(world):
+            dist.barrier()
+        """
+    )
+    result = run(pytester, "--rank-grace=2", "-v")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines_random(
+        ["*rank 1: its rank agent was lost during call*", "*test_next PASSED*"]
+    )
+    pid = int((pytester.path / "rank1.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists(), "the rank whose agent died is still running"
