@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "ArmRecord": "pytest_sprite.recipes.records",
+    "ArmRecord": "pytest_sprite.records",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .recipes.artifacts import load_arm_record
     from .recipes.lora_qwen import LoraQwen
-    from .recipes.records import ArmRecord
+    from .records import ArmRecord
     from .world import World
 
 

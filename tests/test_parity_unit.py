@@ -18,7 +18,7 @@ from pytest_sprite.assertions.parity import (  # noqa: E402
     ParityResult,
     assert_parity,
 )
-from pytest_sprite.recipes.records import ArmRecord, RecipeIdentity, tensor_digest  # noqa: E402
+from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

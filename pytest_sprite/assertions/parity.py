@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_count, format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes.records import DISTRIBUTED_ARMS, ArmRecord
+from pytest_sprite.records import DISTRIBUTED_ARMS, ArmRecord
 
 __all__ = ["PARITY_CHECKS", "ArmParity", "ParityError", "ParityRefused", "ParityResult", "assert_parity"]
 
@@ -307,7 +308,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
         fail(
             "synchronized",
             "final trainables are not bitwise equal on every rank: "
-            + " | ".join(_ranks_text(g) for g in groups)
+            + " | ".join(fold_ranks(g) for g in groups)
             + " hold different values; a tensor is left out of gradient synchronization",
         )
 
@@ -414,15 +415,6 @@ def _rank_groups(digests: tuple[str, ...]) -> list[list[int]]:
     for rank, digest in enumerate(digests):
         groups.setdefault(digest, []).append(rank)
     return list(groups.values())
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``rank 0``, ``ranks 0-3`` for a run of ranks, ``ranks 0, 2`` otherwise."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
 
 
 def _json(x: float) -> float | str:

@@ -7,13 +7,15 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from _pytest._code.code import ReprFileLocation, TerminalRepr
 from _pytest._io import TerminalWriter
 from _pytest.reports import TestReport
+
+from .._ranges import fold_ranks
 
 __all__ = [
     "PHASES",
@@ -26,21 +28,6 @@ __all__ = [
 
 PHASES = ("setup", "call", "teardown")
 Phase = Literal["setup", "call", "teardown"]
-
-
-def fold_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 3]`` -> ``"ranks 0-3"``; ``[1]`` -> ``"rank 1"``; ``[0, 2, 3]`` -> ``"ranks 0, 2-3"``."""
-    ordered = sorted(set(ranks))
-    if not ordered:
-        raise ValueError("fold_ranks needs at least one rank")
-    runs: list[tuple[int, int]] = []
-    for r in ordered:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], r)
-        else:
-            runs.append((r, r))
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return f"rank {text}" if len(ordered) == 1 else f"ranks {text}"
 
 
 @dataclass(frozen=True, kw_only=True)

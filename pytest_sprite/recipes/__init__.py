@@ -8,7 +8,7 @@ from __future__ import annotations
 from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
 from pytest_sprite.recipes.lora_qwen import LoraQwen
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
-from pytest_sprite.recipes.records import ARMS, ArmRecord, RecipeIdentity, tensor_digest
+from pytest_sprite.records import ARMS, ArmRecord, RecipeIdentity, tensor_digest
 
 __all__ = [
     "ARMS",

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes._model import LoraQwenClassifier, Rows
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
-from pytest_sprite.recipes.records import ArmRecord, RecipeIdentity, tensor_digest
+from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest
 from pytest_sprite.world import World
 
 __all__ = ["ArmPlan", "loss_factor", "run_distributed", "run_single", "shard_batches", "with_wall_time"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pytest_sprite.errors import SpriteUsageError
 
 if TYPE_CHECKING:
-    from pytest_sprite.recipes.records import ArmRecord
+    from pytest_sprite.records import ArmRecord
 
 __all__ = ["ArtifactDir", "ArtifactExistsError", "load_arm_record", "test_dir_name"]
 
@@ -96,7 +96,7 @@ def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord:
     """
     import torch
 
-    from pytest_sprite.recipes.records import ArmRecord
+    from pytest_sprite.records import ArmRecord
 
     p = Path(path)
     file = p / "record.pt" if p.is_dir() else p

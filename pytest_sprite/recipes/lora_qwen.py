@@ -19,7 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
+from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
