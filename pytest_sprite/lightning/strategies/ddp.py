@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_sprite.lightning.strategies._common import (
     ProcessScope,
-    check_launch,
     default_cluster_environment,
+    prepare_launch,
     process_group_backend,
 )
 
@@ -39,15 +39,7 @@ class XPUDDPStrategy(DDPStrategy):
         self._scope = ProcessScope()
 
     def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        self._scope.remember_environment()
-        check_launch(
-            type(self).__name__,
-            self.cluster_environment,
-            num_processes=self.num_processes,
-            num_nodes=self.num_nodes,
-            global_rank=self.global_rank,
-        )
+        prepare_launch(self, self._scope)
         super()._configure_launcher()
 
     def setup_environment(self) -> None:
