@@ -11,16 +11,15 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ARMS", "DISTRIBUTED_ARMS", "ArmName", "ArmRecord", "RecipeIdentity", "tensor_digest"]
+__all__ = ["ARMS", "DISTRIBUTED_ARMS", "ArmRecord", "RecipeIdentity", "tensor_digest"]
 
-ArmName = Literal["single", "ddp", "fsdp"]
 ARMS: tuple[str, ...] = ("single", "ddp", "fsdp")
 """Every arm a recipe runs: the one-device reference and the two code-under-test strategies."""
 DISTRIBUTED_ARMS: tuple[str, ...] = ("ddp", "fsdp")

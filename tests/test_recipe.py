@@ -18,12 +18,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_sprite.assertions.parity import assert_parity
-from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes._arm import loss_factor, shard_batches
+from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
+from pytest_sprite.faults import PlantSite, plant
+from pytest_sprite.recipes._arm import shard_batches
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
-from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
-from pytest_sprite.recipes.lora_qwen import TINY_QWEN2, LoraQwen
+from pytest_sprite.recipes.artifacts import ArtifactDir
+from pytest_sprite.recipes.constants import TINY_QWEN2
 
 pytestmark = pytest.mark.cpu
 
@@ -102,6 +102,12 @@ def test_shard_batches_refuses_a_rank_outside_the_replicas() -> None:
         shard_batches(total_rows=8, num_replicas=2, rank=2, micro_batch=2)
 
 
+def loss_factor(fault: str | None, *, rank: int, world_size: int, accumulate: int) -> float:
+    """What the planter a ddp arm gets for ``fault`` does to a loss of 1 on this rank."""
+    site = PlantSite(arm="ddp", rank=rank, world_size=world_size, accumulate=accumulate)
+    return float(plant(fault, site).loss(torch.tensor(1.0), site))
+
+
 def test_loss_faults_scale_the_loss_as_catalogued() -> None:
     assert loss_factor(None, rank=3, world_size=4, accumulate=1) == 1.0
     assert [loss_factor("missing-rank", rank=r, world_size=4, accumulate=1) for r in range(4)] == [1, 1, 1, 0]
@@ -141,7 +147,8 @@ def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
         (
             "ddp",
             {"fault": "skip-update"},
-            "fault 'skip-update' is catalogued but lora_qwen.run does not plant it",
+            "fault 'skip-update' is reserved for the BF16 criterion v2 and not planted by this version; "
+            "faults it plants: missing-rank, wrong-scale, accumulate-sum",
         ),
         (
             "ddp",
