@@ -3,8 +3,10 @@ real weights through --qwen-path, artifacts, run() argument errors, and the xpu_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
-from pytest_sprite.faults import PlantSite, plant
+from pytest_sprite.faults import FAULTS, Fault, Planter, PlantSite, plant
 from pytest_sprite.recipes._arm import shard_batches
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
 from pytest_sprite.recipes.artifacts import ArtifactDir
@@ -113,6 +115,52 @@ def test_loss_faults_scale_the_loss_as_catalogued() -> None:
     assert [loss_factor("missing-rank", rank=r, world_size=4, accumulate=1) for r in range(4)] == [1, 1, 1, 0]
     assert loss_factor("wrong-scale", rank=0, world_size=4, accumulate=1) == 4.0
     assert loss_factor("accumulate-sum", rank=0, world_size=4, accumulate=2) == 2.0
+
+
+class _EveryHook(Planter):
+    """A planter that acts at every hook an arm calls, to prove the arm calls each at its point."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def _count(self, hook: str) -> None:
+        self.calls[hook] = self.calls.get(hook, 0) + 1
+
+    def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        self._count("forward_context")
+        return contextlib.nullcontext()
+
+    def loss(self, loss: torch.Tensor, site: PlantSite) -> torch.Tensor:
+        self._count("loss")
+        return loss
+
+    def gradients(self, named_parameters: Sequence[tuple[str, torch.nn.Parameter]], site: PlantSite) -> None:
+        self._count("gradients")
+        for _, p in named_parameters:
+            assert p.grad is not None
+            p.grad.mul_(2.0)
+
+    def skip_step(self, step: int, steps: int, site: PlantSite) -> bool:
+        self._count("skip_step")
+        return True
+
+
+def test_the_arm_calls_every_planter_hook_at_its_point(
+    lora_qwen: LoraQwen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planter = _EveryHook()
+    fault = Fault(name="every-hook", description="test", arms=("single",), by=("pre_norm",), planter=planter)
+    monkeypatch.setitem(FAULTS, fault.name, fault)
+    clean = lora_qwen.run("single", steps=2, accumulate=2)
+    planted = lora_qwen.run("single", steps=2, accumulate=2, fault=fault.name)
+    # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step.
+    assert planter.calls == {"forward_context": 4, "loss": 4, "gradients": 2, "skip_step": 2}
+    # Gradients doubled before the pre-clip norm is taken; every update skipped, so weights never move.
+    assert planted.pre_clip_norms[0][0] == pytest.approx(2 * clean.pre_clip_norms[0][0], rel=1e-6)
+    assert all(
+        torch.equal(planted.initial_trainable[n], planted.final_trainable[n]) for n in planted.trainable_names
+    )
+    assert planted.label == "single (accumulate 2, fault every-hook)"
 
 
 def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
