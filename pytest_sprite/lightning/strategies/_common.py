@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from lightning.fabric.plugins.environments.lightning import LightningEnvironment
+from lightning.pytorch.strategies import ParallelStrategy
 
 from pytest_sprite._device import default_backend
 from pytest_sprite._rankenv import optional_rank_env
@@ -16,6 +17,7 @@ from pytest_sprite.errors import RankEnvError, SpriteUsageError
 from pytest_sprite.lightning.environment import PALSEnvironment
 
 __all__ = [
+    "LaunchScoped",
     "ProcessScope",
     "check_launch",
     "default_cluster_environment",
@@ -165,3 +167,30 @@ class ProcessScope:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+class LaunchScoped(ParallelStrategy):
+    """What XPUDDPStrategy and FSDP2Strategy do around Lightning's launch, in one place.
+
+    Check the launch before Lightning's launcher runs, pick the process group backend from the root device,
+    and leave the process as found after the fit. Listed before the Lightning strategy in the bases, so
+    ``super()`` reaches DDPStrategy's or ModelParallelStrategy's own methods.
+    """
+
+    _scope: ProcessScope
+    _process_group_backend: str | None
+
+    def _configure_launcher(self) -> None:
+        prepare_launch(self, self._scope)  # type: ignore[arg-type]  # the concrete strategies have the sizes
+        super()._configure_launcher()
+
+    def setup_environment(self) -> None:
+        self._scope.before_process_group_init()
+        super().setup_environment()
+
+    def _get_process_group_backend(self) -> str:
+        return process_group_backend(self.root_device, self._process_group_backend)
+
+    def teardown(self) -> None:
+        super().teardown()
+        self._scope.restore()

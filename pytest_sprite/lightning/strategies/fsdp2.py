@@ -28,10 +28,9 @@ from torch.optim import Optimizer
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.lightning.strategies._common import (
+    LaunchScoped,
     ProcessScope,
     default_cluster_environment,
-    prepare_launch,
-    process_group_backend,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ __all__ = ["FSDP2Strategy"]
 _SHOWN = 8
 
 
-class FSDP2Strategy(ModelParallelStrategy):
+class FSDP2Strategy(LaunchScoped, ModelParallelStrategy):
     """FSDP2 data parallelism over every process, with the checks a correctness run needs before it starts.
 
     - ``data_parallel_size="auto"`` is the world size divided by ``tensor_parallel_size`` ("auto" = 1), so one
@@ -79,12 +78,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     # ---------------------------------------------------------------------------------------------------
     # processes, mesh
 
-    def _configure_launcher(self) -> None:
-        prepare_launch(self, self._scope)
-        super()._configure_launcher()
-
     def setup_environment(self) -> None:
-        self._scope.before_process_group_init()
         self._resolve_mesh_sizes()
         super().setup_environment()
 
@@ -102,9 +96,6 @@ class FSDP2Strategy(ModelParallelStrategy):
                 )
             self._data_parallel_size = world // tp
 
-    def _get_process_group_backend(self) -> str:
-        return process_group_backend(self.root_device, self._process_group_backend)
-
     def setup(self, trainer: pl.Trainer) -> None:
         lightning_module = self.lightning_module
         if (
@@ -114,10 +105,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         ):
             _refuse_unmanaged_trainable(lightning_module, self.world_size)
         super().setup(trainer)
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._scope.restore()
 
     # ---------------------------------------------------------------------------------------------------
     # checkpoints
