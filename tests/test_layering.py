@@ -117,7 +117,8 @@ def test_no_import_loop_through_the_recipes_assertions_or_lightning() -> None:
     mine = ("recipes", "assertions", "lightning", "records", "faults", "_device")
     loops = []
     for start in (m for m in MODULES if _in(m, *map(_p, mine))):
-        stack, seen = [(start, (start,))], set()
+        stack: list[tuple[str, tuple[str, ...]]] = [(start, (start,))]
+        seen: set[str] = set()
         while stack:
             node, path = stack.pop()
             for nxt in graph[node]:
