@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_mypy_strict_over_the_package(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
-    cache = request.config.cache.mkdir("mypy") if request.config.cache is not None else tmp_path
+    # The cache provider may be disabled (-p no:cacheprovider): then the cache lives in tmp_path.
+    cache_plugin = getattr(request.config, "cache", None)
+    cache = cache_plugin.mkdir("mypy") if cache_plugin is not None else tmp_path
     proc = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(cache), "pytest_sprite"],
         cwd=ROOT,
