@@ -278,6 +278,20 @@ def test_accumulated_arm_is_labelled() -> None:
         ),
         (
             REF,
+            (make_record(),),
+            "arm 'single' ran on 1 device with the reference's own configuration (strategy SingleDeviceStrategy, "
+            "precision 32-true, accumulate 1): it is the reference run again and proves nothing about distributed "
+            'training, whose arms must have run on more than one device; compare lora_qwen.run("ddp") or '
+            'lora_qwen.run("fsdp") from a test marked @pytest.mark.ranks(n) with n >= 2, or a one-device arm of '
+            "another configuration (strategy=, precision= or accumulate=)",
+        ),
+        (
+            REF,
+            (make_record("ddp", world_size=2), REF),
+            "arm 'single' ran on 1 device with the reference's own configuration",
+        ),
+        (
+            REF,
             ("not a record",),
             "arm 1 must be an ArmRecord (from lora_qwen.run(...) or load_arm_record), got str",
         ),
@@ -294,6 +308,8 @@ def test_accumulated_arm_is_labelled() -> None:
         "bf16",
         "faulted-reference",
         "inactive-clip",
+        "reference-as-arm",
+        "reference-itself-as-second-arm",
         "not-a-record",
     ],
 )
@@ -355,6 +371,12 @@ def test_record_round_trips_through_its_dict() -> None:
 def test_inconsistent_record_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"pre_clip_norms has 1 steps, the recipe has 2"):
         dataclasses.replace(REF, pre_clip_norms=((3.0,),))
+
+
+def test_one_device_arm_of_another_configuration_is_compared() -> None:
+    """Accumulation or another strategy on one device is a real comparison, not the reference again."""
+    assert assert_parity(REF, make_record(accumulate=2)).passed
+    assert assert_parity(REF, dataclasses.replace(make_record(), strategy="mine.OtherSingle")).passed
 
 
 def test_user_strategy_is_named_in_the_label() -> None:

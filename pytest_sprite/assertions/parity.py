@@ -195,6 +195,17 @@ def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> Parit
     return result
 
 
+def _configuration(rec: ArmRecord) -> tuple[object, ...]:
+    """What makes a one-device arm another configuration than the reference (issue 9)."""
+    return (rec.arm, rec.strategy, rec.precision, rec.accumulate, rec.fault)
+
+
+def _describe_configuration(rec: ArmRecord) -> str:
+    strategy = rec.strategy.rsplit(".", 1)[-1]
+    fault = f", fault {rec.fault}" if rec.fault else ""
+    return f"strategy {strategy}, precision {rec.precision}, accumulate {rec.accumulate}{fault}"
+
+
 def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
     if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
         raise ParityRefused(
@@ -225,7 +236,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
         raise ParityRefused(
             f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms"
         )
-    for rec in cast("list[ArmRecord]", [ref, *arms]):
+    for i, rec in enumerate(cast("list[ArmRecord]", [ref, *arms])):
         if rec.precision != FP32_PRECISION:
             raise ParityRefused(
                 f"assert_parity is the FP32 check: arm {rec.label!r} ran precision={rec.precision!r}, allowed: "
@@ -235,6 +246,14 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
             raise ParityRefused(
                 f"arm {rec.label!r} is distributed but ran on {rec.world_size} device; a one-device run proves "
                 "nothing about synchronization: run it in a test marked @pytest.mark.ranks(n) with n >= 2"
+            )
+        if i > 0 and rec.world_size == 1 and _configuration(rec) == _configuration(ref):
+            raise ParityRefused(
+                f"arm {rec.label!r} ran on 1 device with the reference's own configuration "
+                f"({_describe_configuration(rec)}): it is the reference run again and proves nothing about "
+                "distributed training, whose arms must have run on more than one device; compare "
+                'lora_qwen.run("ddp") or lora_qwen.run("fsdp") from a test marked @pytest.mark.ranks(n) with '
+                "n >= 2, or a one-device arm of another configuration (strategy=, precision= or accumulate=)"
             )
         diffs = ref.recipe.differences(rec.recipe)
         if diffs:
