@@ -1,0 +1,187 @@
+"""Processes a test child left running: find them by session, end them, and say which they were.
+
+Every test child leads its own session (``os.setsid`` when it starts), and everything it starts
+inherits that session id, even a process that moves to a process group of its own or whose parent
+exits. When the test ends, what is still in the session was left behind by the test: it is sent
+SIGTERM, then SIGKILL after a short grace, and named (rank, pid, command) in the test's report
+(issue 9). A process that calls ``setsid`` itself (a daemon that double-forks into a new session)
+escapes; that is documented.
+
+Stdlib only: processes are read from ``/proc`` (Linux: the clusters and CI this plugin serves);
+where there is none, nothing is found. Depends on nothing of the controller side.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from .._ranges import fold_ranks
+from .._timing import monotonic, sleep
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "Leftover",
+    "describe_leftovers",
+    "end_session_leftovers",
+    "lead_own_session",
+    "session_processes",
+]
+
+DEFAULT_GRACE: Final = 2.0
+"""Seconds a leftover process gets to exit after SIGTERM before it is killed."""
+
+_PROC: Final = Path("/proc")
+_COMMAND_CHARS: Final = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class Leftover:
+    """A process a test left running, and how it was ended."""
+
+    pid: int
+    command: str
+    """Its command line, shell-quoted and shortened (``[name]`` when it has none)."""
+    ended_by: Literal["SIGTERM", "SIGKILL"]
+    """SIGTERM: it exited within the grace after SIGTERM; SIGKILL: it had to be killed."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"pid": self.pid, "command": self.command, "ended_by": self.ended_by}
+
+
+def lead_own_session() -> None:
+    """Make this process the leader of a new session (and process group); called by each test child.
+
+    A forked child is never a group leader, so ``setsid`` cannot fail for it; where it does (a
+    process that already leads a group), the session it has is kept.
+    """
+    try:
+        os.setsid()
+    except OSError:
+        pass
+
+
+def _read_stat(pid: int) -> tuple[str, int, int, str] | None:
+    """(state, parent pid, session id, name) of ``pid`` from /proc, None if it is gone."""
+    try:
+        data = (_PROC / str(pid) / "stat").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # The name is in parentheses and may itself hold spaces or parentheses: split after the last one.
+    open_paren, close_paren = data.find("("), data.rfind(")")
+    fields = data[close_paren + 2 :].split()
+    if len(fields) < 4:
+        return None
+    return fields[0], int(fields[1]), int(fields[3]), data[open_paren + 1 : close_paren]
+
+
+def _command(pid: int, name: str) -> str:
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        raw = b""
+    words = [w.decode("utf-8", "replace") for w in raw.split(b"\0") if w]
+    text = shlex.join(words) if words else f"[{name}]"
+    return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 3] + "..."
+
+
+def _proc_session_processes(sid: int, exclude: Collection[int]) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for entry in os.scandir(_PROC):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid in exclude:
+            continue
+        stat = _read_stat(pid)
+        if stat is None or stat[2] != sid or stat[0] in ("Z", "X"):  # zombies have already exited
+            continue
+        found[pid] = _command(pid, stat[3])
+    return found
+
+
+def session_processes(sid: int, *, exclude: Collection[int] = ()) -> dict[int, str]:
+    """Live processes of session ``sid`` (zombies excluded), pid -> command, ``exclude`` left out."""
+    if not _PROC.is_dir():  # not Linux: nothing to read, nothing found (documented)
+        return {}
+    return _proc_session_processes(sid, exclude)
+
+
+def _alive(pid: int) -> bool:
+    """False once ``pid`` has exited; reaps it when it is this process's own child."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not ours: its parent (or init) reaps it
+        pass
+    if _PROC.is_dir():
+        stat = _read_stat(pid)
+        return stat is not None and stat[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _signal_all(pids: Collection[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_gone(pids: set[int], until: float, alive: Callable[[int], bool]) -> set[int]:
+    """Poll until every pid has exited or ``until``; return those still running."""
+    left = {pid for pid in pids if alive(pid)}
+    while left and monotonic() < until:
+        sleep(0.02)
+        left = {pid for pid in left if alive(pid)}
+    return left
+
+
+def end_session_leftovers(
+    sid: int, *, exclude: Collection[int] = (), grace: float = DEFAULT_GRACE, rounds: int = 3
+) -> list[Leftover]:
+    """End every live process of session ``sid`` but ``exclude``: SIGTERM, then SIGKILL after ``grace``.
+
+    Repeats the search (up to ``rounds`` times) for processes started while the first ones were
+    being ended, such as a shell's next command. Returns them in pid order, each with how it ended.
+    """
+    ended: dict[int, Leftover] = {}
+    skip = set(exclude)
+    for _ in range(rounds):
+        found = session_processes(sid, exclude=skip | set(ended))
+        if not found:
+            break
+        _signal_all(found, signal.SIGTERM)
+        killed = _wait_gone(set(found), monotonic() + grace, _alive)
+        _signal_all(killed, signal.SIGKILL)
+        _wait_gone(killed, monotonic() + 2.0, _alive)
+        for pid, command in found.items():
+            ended[pid] = Leftover(
+                pid=pid, command=command, ended_by="SIGKILL" if pid in killed else "SIGTERM"
+            )
+    return [ended[pid] for pid in sorted(ended)]
+
+
+def describe_leftovers(rank: int, leftovers: Collection[Leftover]) -> str:
+    """One warning text: which rank left how many processes running, each with its pid and command."""
+    who = fold_ranks([rank])
+    count = len(leftovers)
+    lines = [
+        f"{who} left {count} process{'es' if count != 1 else ''} running after the test; "
+        f"pytest-sprite ended {'them' if count != 1 else 'it'} (stop what a test starts, e.g. "
+        "proc.terminate(); proc.wait() in a finally or a fixture's teardown):"
+    ]
+    for item in leftovers:
+        lines.append(f"  pid {item.pid}: {item.command} (ended by {item.ended_by})")
+    return "\n".join(lines)
