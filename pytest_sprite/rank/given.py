@@ -1,0 +1,216 @@
+"""Hypothesis ``@given`` in a ranks test: every rank draws the same examples and agrees on each outcome.
+
+Each rank of a ranks test is its own process with its own hypothesis engine. For a collective inside
+the test not to deadlock, every rank must run the same examples in the same order, and every engine
+must take the same path (replay, generate, shrink). So, in each test child before the test runs
+(issue 9):
+
+- the seed is the one the controller decided for the session (``--hypothesis-seed`` when given, else
+  drawn once), mixed with the test's id, so every rank's engine starts from the same random state
+  under every launcher;
+- every rank reads the same example database, and only rank 0 writes it (the others get a read-only
+  view of it);
+- settings that depend on each process's own clock are off: the per-example ``deadline`` and the
+  ``too_slow`` health check (a collective's wait would differ between ranks);
+- the function-scoped-fixture health check is suppressed when the only function-scoped fixtures the
+  test takes are the harness's own (``world`` is the same object for every example);
+- each example's outcome is agreed over the test's process group: when one rank fails an example,
+  the others raise :class:`PeerFailedExample` for it, so every engine sees the same failure and
+  shrinks the same way. The failing example is reported once, by the rank that failed it; the other
+  ranks' echoes become a note in their passed report.
+
+Imports hypothesis only when the test module already did.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from random import Random
+from typing import TYPE_CHECKING, Any, Final
+
+from .._ranges import fold_ranks
+
+if TYPE_CHECKING:
+    import pytest
+
+__all__ = [
+    "HARNESS_FIXTURES",
+    "PeerFailedExample",
+    "echo_note",
+    "is_peer_echo",
+    "prepare_given",
+    "prepare_hypothesis_item",
+]
+
+HARNESS_FIXTURES: Final = frozenset({"world"})
+"""Function-scoped fixtures that hold the same object for every example of a ranks test."""
+
+Agree = Callable[[object], Sequence[object]]
+"""All-gather of one picklable outcome per rank, in rank order."""
+
+_OK: Final = None
+_ASSUMED: Final = "assume"
+
+
+class PeerFailedExample(AssertionError):
+    """Raised on a rank whose example passed while another rank of the test failed it."""
+
+
+def is_peer_echo(exc: BaseException | None) -> bool:
+    """True when ``exc`` only says that other ranks failed (a group of such echoes included)."""
+    if isinstance(exc, PeerFailedExample):
+        return True
+    members = _group_members(exc)
+    return members is not None and all(is_peer_echo(e) for e in members)
+
+
+def _group_members(exc: BaseException | None) -> tuple[BaseException, ...] | None:
+    """The exceptions of an exception group (builtin, or the backport on Python 3.10), else None."""
+    members = getattr(exc, "exceptions", None)
+    return members if isinstance(members, tuple) and members else None
+
+
+def _outcome(error: BaseException | None) -> object:
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    if error is None:
+        return _OK
+    if isinstance(error, UnsatisfiedAssumption):
+        return _ASSUMED
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _agreeing(inner: Callable[..., Any], rank: int, agree: Agree) -> Callable[..., Any]:
+    """``inner`` wrapped so that every rank ends each example the same way."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    @functools.wraps(inner)
+    def run_example(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        error: Exception | None = None
+        result = None
+        try:
+            result = inner(*args, **kwargs)
+        except Exception as exc:  # BaseExceptions (hypothesis' StopTest, skip, Ctrl-C) end every rank alike
+            error = exc
+        outcomes = list(agree(_outcome(error)))
+        if error is not None and outcomes[rank] != _ASSUMED:
+            raise error
+        failed = [r for r, o in enumerate(outcomes) if o not in (_OK, _ASSUMED)]
+        if failed:
+            raise PeerFailedExample(f"{fold_ranks(failed)} failed this example: {outcomes[failed[0]]}")
+        assumed = [r for r, o in enumerate(outcomes) if o == _ASSUMED]
+        if assumed:  # an example one rank rejects with assume() is discarded by every rank
+            if error is not None:
+                raise error
+            raise UnsatisfiedAssumption(f"{fold_ranks(assumed)} rejected this example with assume()")
+        return result
+
+    return run_example
+
+
+def prepare_given(
+    test: Any,
+    *,
+    nodeid: str,
+    rank: int,
+    world_size: int,
+    seed: int | str | None,
+    only_harness_fixtures: bool,
+    agree: Agree,
+) -> bool:
+    """Make the ``@given`` test ``test`` safe to run on ``world_size`` ranks; False if it is not one.
+
+    Changes the test object in place: this is a fresh test child, nothing else runs it.
+    """
+    if "hypothesis" not in sys.modules:
+        return False
+    from hypothesis import HealthCheck, is_hypothesis_test, settings
+    from hypothesis.database import ReadOnlyDatabase
+
+    if not is_hypothesis_test(test):
+        return False
+    fn = getattr(test, "__func__", test)
+    current: Any = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+    suppress = set(current.suppress_health_check)
+    if only_harness_fixtures:
+        suppress.add(HealthCheck.function_scoped_fixture)
+    changes: dict[str, Any] = {"suppress_health_check": suppress}
+    if world_size > 1:
+        suppress.add(HealthCheck.too_slow)
+        changes["deadline"] = None
+        if rank != 0 and current.database is not None:
+            changes["database"] = ReadOnlyDatabase(current.database)
+        fn.hypothesis.inner_test = _agreeing(fn.hypothesis.inner_test, rank, agree)
+    fn._hypothesis_internal_use_settings = settings(current, **changes)
+    if seed is not None:
+        _seed_engine(seed, nodeid)
+    return True
+
+
+def _seed_engine(seed: int | str, nodeid: str) -> None:
+    """Start every rank's engine from the same random state, keeping the example database in use.
+
+    Hypothesis draws an unpinned test's seed from its global random; seeding that (per test id) keeps
+    hypothesis' own behaviour: the database is replayed and saved, and a failure prints the seed to
+    reproduce it with. ``--hypothesis-seed`` already pins every process alike and is left alone.
+    """
+    from hypothesis import core
+
+    if core.global_force_seed is not None:
+        return
+    state = Random(f"{seed}/{nodeid}")
+    threadlocal = getattr(core, "threadlocal", None)
+    if threadlocal is not None and hasattr(threadlocal, "_hypothesis_global_random"):
+        threadlocal._hypothesis_global_random = state
+    else:  # another hypothesis version: pin the seed as --hypothesis-seed does (no database then)
+        core.global_force_seed = state.getrandbits(128)  # type: ignore[assignment]
+
+
+def _function_scoped_args(item: pytest.Item) -> set[str]:
+    """Arguments of the test function that are function-scoped fixtures (what hypothesis warns about)."""
+    function = getattr(item, "function", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if function is None or info is None:
+        return set()
+    names = set(inspect.signature(function).parameters)
+    return {
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if name in names and defs and defs[-1].scope == "function"
+    }
+
+
+def prepare_hypothesis_item(
+    item: pytest.Item, *, rank: int, world_size: int, seed: int | str | None, agree: Agree
+) -> bool:
+    """:func:`prepare_given` for a collected item in a test child."""
+    test = getattr(item, "obj", None)
+    if test is None:
+        return False
+    return prepare_given(
+        test,
+        nodeid=item.nodeid,
+        rank=rank,
+        world_size=world_size,
+        seed=seed,
+        only_harness_fixtures=_function_scoped_args(item) <= HARNESS_FIXTURES,
+        agree=agree,
+    )
+
+
+def echo_note(exc: BaseException | None) -> str | None:
+    """The note for a rank whose only failure is other ranks' failed example; None otherwise."""
+    if exc is None or not is_peer_echo(exc):
+        return None
+    first = exc
+    while (members := _group_members(first)) is not None:
+        first = members[0]
+    return (
+        f"{first} This rank ran the same examples and passed them; it raised only to keep every rank's "
+        "hypothesis engine in step, and the failure is reported by the rank that had it."
+    )
