@@ -1,0 +1,113 @@
+"""tmp_path of a ranks test: the controller's one basetemp, the same directories on every rank (issue 9)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_sprite._tmppath import make_test_dir, prune_test_dir, share_tmp_path, tmp_path_name
+from pytest_sprite.errors import SpriteUsageError
+
+pytestmark = pytest.mark.cpu
+
+ITEM = "test_save_and_load[ranks2-with a long parameter]"
+
+
+def configure(pytester: pytest.Pytester, *args: str) -> pytest.Config:
+    return pytester.parseconfigure(*args)
+
+
+def test_names_follow_pytests_tmp_path() -> None:
+    assert tmp_path_name(ITEM) == "test_save_and_load_ranks2_with"
+
+
+def test_every_rank_gets_the_controllers_directories(pytester: pytest.Pytester) -> None:
+    controller = configure(pytester, f"--basetemp={pytester.path / 'base'}")
+    basetemp, test_dir = make_test_dir(controller, ITEM)
+    assert (basetemp, test_dir) == (
+        pytester.path / "base",
+        pytester.path / "base" / "test_save_and_load_ranks2_with0",
+    )
+    assert test_dir.is_dir()
+    seen = []
+    for _rank in range(
+        2
+    ):  # each rank's child has its own config (a fork): the same calls give the same paths
+        child = configure(pytester, f"--basetemp={pytester.path / 'base'}")
+        share_tmp_path(child, basetemp=basetemp, test_dir=test_dir, item_name=ITEM)
+        factory = child._tmp_path_factory  # type: ignore[attr-defined]
+        seen.append(
+            (
+                factory.getbasetemp(),
+                factory.mktemp(tmp_path_name(ITEM), numbered=True),  # what the tmp_path fixture asks for
+                factory.mktemp("data"),
+                factory.mktemp("data"),
+                factory.mktemp("fixed", numbered=False),
+            )
+        )
+    name = test_dir.name
+    assert (
+        seen[0]
+        == seen[1]
+        == (
+            basetemp,
+            test_dir,
+            basetemp / f"{name}-data0",
+            basetemp / f"{name}-data1",
+            basetemp / f"{name}-fixed",
+        )
+    )
+    assert sorted(p.name for p in basetemp.iterdir()) == sorted(
+        [name, f"{name}-data0", f"{name}-data1", f"{name}-fixed"]
+    )
+
+
+def test_a_second_test_gets_a_fresh_directory(pytester: pytest.Pytester) -> None:
+    controller = configure(pytester)
+    _, first = make_test_dir(controller, "test_x")
+    _, second = make_test_dir(controller, "test_x")
+    assert (first.name, second.name) == ("test_x0", "test_x1")
+
+
+def test_a_basetemp_this_host_cannot_see_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    child = configure(pytester)
+    missing = pytester.path / "not-shared"
+    share_tmp_path(child, basetemp=missing, test_dir=missing / "test_x0", item_name="test_x")
+    with pytest.raises(SpriteUsageError) as exc:
+        child._tmp_path_factory.mktemp("test_x")  # type: ignore[attr-defined]
+    assert str(exc.value).startswith(f"the session's basetemp {missing} does not exist on this rank's host (")
+    assert str(exc.value).endswith(
+        "): the ranks of a test share tmp_path, so on a cluster the basetemp must be on a filesystem every node "
+        "sees: pass --basetemp=DIR with DIR on it (e.g. --basetemp=$PWD/.sprite-tmp)"
+    )
+
+
+@pytest.mark.parametrize("bad", ["/abs", "../up", "a/b"])
+def test_names_must_stay_in_the_basetemp(pytester: pytest.Pytester, bad: str) -> None:
+    child = configure(pytester)
+    share_tmp_path(child, basetemp=pytester.path, test_dir=pytester.path / "t0", item_name="t")
+    with pytest.raises(ValueError, match=rf"^{bad} is not a normalized and relative path$"):
+        child._tmp_path_factory.mktemp(bad)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("policy", "passed", "kept"),
+    [("failed", True, False), ("failed", False, True), ("all", True, True), ("none", False, False)],
+)
+def test_retention_is_applied_once_by_the_controller(
+    pytester: pytest.Pytester, policy: str, passed: bool, kept: bool
+) -> None:
+    pytester.makeini(f"[pytest]\ntmp_path_retention_policy = {policy}\n")
+    controller = configure(pytester)
+    basetemp, test_dir = make_test_dir(controller, "test_x")
+    (basetemp / f"{test_dir.name}-data0").mkdir()
+    _, other = make_test_dir(controller, "test_y")
+    prune_test_dir(controller, test_dir, passed=passed)
+    assert test_dir.exists() is kept
+    assert (basetemp / f"{test_dir.name}-data0").exists() is kept
+    assert other.exists(), "other tests' directories are not touched"
+
+
+def test_children_never_delete_shared_directories(pytester: pytest.Pytester) -> None:
+    child = configure(pytester)
+    share_tmp_path(child, basetemp=pytester.path, test_dir=pytester.path / "t0", item_name="t")
+    assert child._tmp_path_factory._retention_policy == "all"  # type: ignore[attr-defined]
