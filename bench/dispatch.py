@@ -7,7 +7,8 @@ The same 20 trivial 2-rank tests (one all_reduce each) run four ways:
 - a cold spawn per test: two new Pythons import torch, rendezvous and all_reduce;
 - the floor: one pool of two processes that does 20 all_reduces.
 
-It also prints the marginal cost of one more sprite test (a 21-test session minus a 1-test
+The sprite session also runs with ``--collective-check`` (an extra fingerprint collective before each
+collective). It also prints the marginal cost of one more sprite test (a 21-test session minus a 1-test
 session, over 20) against one cold spawn. Sessions are the median of ``--runs`` runs (default 3); the
 cold spawns and the floor run once. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3]``.
 """
@@ -148,6 +149,9 @@ def main() -> None:
     results["sprite_1"] = median_of(runs, [*sprite_argv, "sprite_1"], work, only_sprite)
     results["sprite_n1"] = median_of(runs, [*sprite_argv, "sprite_n1"], work, only_sprite)
     results["sprite_all_plugins"] = median_of(runs, [*pytest_argv, "sprite_n"], work, env)
+    results["sprite_collective_check"] = median_of(
+        runs, [*sprite_argv, "--collective-check", "sprite_n"], work, only_sprite
+    )
     results["mpct"] = median_of(runs, [sys.executable, "test_mpct.py"], work, env)
     start = time.perf_counter()
     for _ in range(n):
@@ -162,6 +166,7 @@ def main() -> None:
     rows = [
         (f"pytest-sprite, {n} tests (fresh processes per test)", results["sprite"]),
         ("  the same with every installed pytest plugin loaded", results["sprite_all_plugins"]),
+        ("  the same with --collective-check (torch's fingerprint checks)", results["sprite_collective_check"]),
         (f"torch MultiProcContinuousTest, {n} tests (warm, shared)", results["mpct"]),
         (f"cold spawn per test, {n} tests", results["cold"]),
         (f"floor: one pool, {n} all_reduces", results["floor"]),

@@ -34,4 +34,5 @@ def world(request: pytest.FixtureRequest) -> World:
         device=device,
         backend=None,
         _sink=lambda name, rank, tensor: store_collected(item, name, rank, tensor),
+        _test_dir=lambda: request.getfixturevalue("tmp_path"),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class World:
     backend: str | None
     """Backend of the default process group (``gloo``, ``nccl``, ``xccl``), None in a world of one."""
     _sink: CollectSink = field(repr=False)
+    _test_dir: Callable[[], Path] | None = field(default=None, repr=False)
+    """The test's ``tmp_path`` (the same directory on every rank), made when first asked for."""
 
     @property
     def distributed(self) -> bool:
@@ -147,6 +150,24 @@ class World:
         if not isinstance(name, str) or not name:
             raise ValueError(f"world.collect needs a non-empty str name, got {name!r}")
         self._sink(name, self.rank, tensor.detach().cpu().clone())
+
+    def rank_path(self, *parts: str) -> Path:
+        """A path in this rank's own directory of the test: ``tmp_path / f"rank{rank}" / *parts``.
+
+        ``tmp_path`` is one directory shared by every rank of the test (a checkpoint rank 0 writes is
+        there for rank 1 to read); this is for files only one rank writes, such as its shard or its
+        log. The rank's directory is created, the path itself is not.
+        """
+        if self._test_dir is None:
+            raise RuntimeError("world.rank_path needs the test's tmp_path, which this world was not given")
+        for part in parts:
+            if not isinstance(part, str) or not part or part in (".", "..") or "/" in part or "\\" in part:
+                raise ValueError(
+                    f"world.rank_path takes plain names (no separators, '.' or '..'), got {part!r}"
+                )
+        directory = self._test_dir() / f"rank{self.rank}"
+        directory.mkdir(exist_ok=True)
+        return directory.joinpath(*parts)
 
     def _check_rank(self, rank: int, what: str) -> None:
         if not isinstance(rank, int) or not 0 <= rank < self.size:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_sprite._tmppath import make_test_dir, prune_test_dir, share_tmp_path, tmp_path_name
@@ -111,3 +113,39 @@ def test_children_never_delete_shared_directories(pytester: pytest.Pytester) -> 
     child = configure(pytester)
     share_tmp_path(child, basetemp=pytester.path, test_dir=pytester.path / "t0", item_name="t")
     assert child._tmp_path_factory._retention_policy == "all"  # type: ignore[attr-defined]
+
+
+def test_rank_path_is_under_the_shared_tmp_path(tmp_path: Path) -> None:
+    from pytest_sprite.world import World
+
+    def world(rank: int) -> World:
+        return World(
+            rank=rank,
+            size=2,
+            local_rank=rank,
+            local_size=2,
+            node=0,
+            device=None,  # type: ignore[arg-type]
+            backend="gloo",
+            _sink=lambda *a: None,
+            _test_dir=lambda: tmp_path,
+        )
+
+    assert world(1).rank_path("shard.pt") == tmp_path / "rank1" / "shard.pt"
+    assert (tmp_path / "rank1").is_dir() and not (tmp_path / "rank1" / "shard.pt").exists()
+    assert world(0).rank_path() == tmp_path / "rank0"
+    for bad in ("..", "a/b", ""):
+        with pytest.raises(
+            ValueError, match=r"^world.rank_path takes plain names \(no separators, '.' or '..'\), got "
+        ):
+            world(0).rank_path(bad)
+
+
+def test_rank_path_in_a_test_without_ranks(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_one(world, tmp_path):
+            assert world.rank_path("log.txt") == tmp_path / "rank0" / "log.txt"
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
