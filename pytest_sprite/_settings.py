@@ -143,7 +143,48 @@ def register_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help)
         parser.addini(opt.ini, help=f"{opt.help} (Environment: {opt.env}.)", default=None)
+    group.addoption(
+        "--collective-check",
+        dest="sprite_collective_check",
+        action="store_true",
+        default=None,
+        help=COLLECTIVE_CHECK_HELP,
+    )
+    parser.addini(
+        "collective_check",
+        help=f"{COLLECTIVE_CHECK_HELP} (Environment: SPRITE_COLLECTIVE_CHECK.)",
+        default=None,
+    )
     group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse.SUPPRESS)
+
+
+COLLECTIVE_CHECK_HELP: Final = (
+    "Run ranks with torch's collective fingerprint checks (TORCH_DISTRIBUTED_DEBUG=DETAIL): a collective "
+    "called with other ops, shapes or dtypes on two ranks fails at once, naming both, instead of hanging. "
+    "Costs an extra collective per collective. Default: off."
+)
+_TRUE: Final = ("1", "true", "yes", "on")
+_FALSE: Final = ("0", "false", "no", "off", "")
+
+
+def _collective_check(config: pytest.Config) -> bool:
+    """``--collective-check`` > SPRITE_COLLECTIVE_CHECK > ini ``collective_check`` > off."""
+    if config.getoption("sprite_collective_check", None):
+        return True
+    for value, source in (
+        (os.environ.get("SPRITE_COLLECTIVE_CHECK"), "environment variable SPRITE_COLLECTIVE_CHECK"),
+        (config.getini("collective_check"), "ini option collective_check"),
+    ):
+        if value is None or (source.startswith("environment") and value == ""):
+            continue
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise SpriteUsageError(
+            f"{source}={value!r} is not a switch; use one of {', '.join(_TRUE)} to turn the check on "
+            f"or {', '.join(v for v in _FALSE if v)} to leave it off"
+        )
+    return False
 
 
 def _raw(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
@@ -176,6 +217,8 @@ class Settings:
     device: str
     artifacts: str | None
     qwen_path: str | None
+    collective_check: bool = False
+    """``--collective-check``: ranks run with torch's collective fingerprint checks."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -222,4 +265,5 @@ class Settings:
             device=device_name,
             artifacts=text("sprite_artifacts"),
             qwen_path=text("sprite_qwen_path"),
+            collective_check=_collective_check(config),
         )

@@ -33,6 +33,7 @@ __all__ = [
     "make_test_dir",
     "prune_test_dir",
     "share_tmp_path",
+    "shared_test_dir",
     "tmp_path_name",
 ]
 
@@ -87,13 +88,19 @@ def share_tmp_path(config: pytest.Config, *, basetemp: Path, test_dir: Path, ite
             path = basetemp / f"{test_dir.name}-{basename}{k}"
         else:
             path = basetemp / f"{test_dir.name}-{basename}"
-        if not basetemp.is_dir():
-            raise SpriteUsageError(
-                f"the session's basetemp {basetemp} does not exist on this rank's host ({os.uname().nodename}): "
-                "the ranks of a test share tmp_path, so on a cluster the basetemp must be on a filesystem "
-                "every node sees: pass --basetemp=DIR with DIR on it (e.g. --basetemp=$PWD/.sprite-tmp)"
-            )
+        shared_test_dir(basetemp, test_dir)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
 
     factory.mktemp = mktemp
+
+
+def shared_test_dir(basetemp: Path, test_dir: Path) -> Path:
+    """``test_dir``, or a clear error when this rank's host does not see the controller's basetemp."""
+    if not basetemp.is_dir():
+        raise SpriteUsageError(
+            f"the session's basetemp {basetemp} does not exist on this rank's host ({os.uname().nodename}): "
+            "the ranks of a test share tmp_path, so on a cluster the basetemp must be on a filesystem "
+            "every node sees: pass --basetemp=DIR with DIR on it (e.g. --basetemp=$PWD/.sprite-tmp)"
+        )
+    return test_dir

@@ -6,7 +6,7 @@ Every message says what was given, what is allowed and how to fix it, and names 
 
 from __future__ import annotations
 
-__all__ = ["LaunchError", "RankEnvError", "SpriteError", "SpriteUsageError"]
+__all__ = ["LaunchError", "LeftoverProcessWarning", "RankEnvError", "SpriteError", "SpriteUsageError"]
 
 
 class SpriteError(Exception):
@@ -23,3 +23,7 @@ class RankEnvError(SpriteError, RuntimeError):
 
 class LaunchError(SpriteError, RuntimeError):
     """The launcher could not start the rank agents, or lost them."""
+
+
+class LeftoverProcessWarning(UserWarning):
+    """A ranks test left a process running; pytest-sprite ended it and names it (rank, pid, command)."""

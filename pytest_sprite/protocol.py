@@ -40,6 +40,7 @@ __all__ = [
     "Run",
     "RunSpec",
     "Shutdown",
+    "Warning_",
     "child_exited",
     "decode_frame",
     "encode_frame",
@@ -74,6 +75,14 @@ class RunSpec(TypedDict):
     master_port: int
     device: str
     timeout: float
+    basetemp: str
+    """The controller's session basetemp (issue 9): the children make none of their own."""
+    tmp_path: str
+    """The test's directory in it, made by the controller: ``tmp_path`` on every rank."""
+    hypothesis_seed: int | str
+    """The session's hypothesis seed, decided once (``--hypothesis-seed`` or drawn), for every rank."""
+    collective_check: bool
+    """``--collective-check``: torch's collective fingerprint checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
 
 
 Run = RunSpec
@@ -134,6 +143,17 @@ class Output(TypedDict):
     text: str
 
 
+class Warning_(TypedDict):
+    """``warning``: a warning the test raised in the child; the controller folds them over ranks."""
+
+    run_id: int
+    rank: int
+    category: str
+    message: str
+    filename: str
+    lineno: int
+
+
 class Interrupted(TypedDict):
     """``interrupted``: KeyboardInterrupt in the test; the session ends after it."""
 
@@ -153,6 +173,8 @@ class ChildExited(TypedDict):
     detail: str
     output_tail: str
     stacks: str
+    leftovers: str
+    """What a crashed or ended child left running and the agent ended (pid, command), or empty."""
     next_port: int | None
     """Rank 0: the listening port for the next test's rendezvous, so no test waits on a round trip."""
 
@@ -192,6 +214,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
     "report": Report,
     "collected": Collected,
     "output": Output,
+    "warning": Warning_,
     "interrupted": Interrupted,
     "child_exited": ChildExited,
     "agent_error": AgentError,
@@ -216,6 +239,7 @@ def child_exited(
     detail: str = "",
     output_tail: str = "",
     stacks: str = "",
+    leftovers: str = "",
     next_port: int | None = None,
 ) -> ChildExited:
     """The one place a ``child_exited`` payload is built (defaults: a child that ended cleanly)."""
@@ -228,6 +252,7 @@ def child_exited(
         detail=detail,
         output_tail=output_tail,
         stacks=stacks,
+        leftovers=leftovers,
         next_port=next_port,
     )
 

@@ -8,7 +8,10 @@ timeout and the grace period after a failed rank, and logs one merged result per
 from __future__ import annotations
 
 import queue
+import secrets
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +23,8 @@ from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
 from .._settings import Settings
 from .._timing import monotonic
-from ..errors import LaunchError, SpriteUsageError
+from .._tmppath import make_test_dir, prune_test_dir
+from ..errors import LaunchError, LeftoverProcessWarning, SpriteUsageError
 from ..protocol import (
     AGENT_EVENTS,
     AgentError,
@@ -31,6 +35,7 @@ from ..protocol import (
     Output,
     Report,
     RunSpec,
+    Warning_,
 )
 from .merge import RankEnd, merge_rank_reports
 from .pool import AgentPool
@@ -52,6 +57,27 @@ def item_world_size(item: pytest.Item) -> int | None:
     return spec.sizes[0] if spec is not None else None
 
 
+def _hypothesis_seed(config: pytest.Config) -> int | str:
+    """The session's hypothesis seed, decided once for every rank (issue 9): ``--hypothesis-seed`` or drawn."""
+    given = config.getoption("hypothesis_seed", None)
+    if given is None:
+        return secrets.randbits(64)
+    try:
+        return int(given)  # as hypothesis' own pytest plugin reads it
+    except ValueError:
+        return str(given)
+
+
+def _warning_category(name: str) -> type[Warning]:
+    """The warning class a child named: a builtin, or pytest-sprite's own; else UserWarning."""
+    import builtins
+
+    found = getattr(builtins, name, None)
+    if name == LeftoverProcessWarning.__name__:
+        return LeftoverProcessWarning
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+
+
 @dataclass
 class _Run:
     """One ranks test in flight."""
@@ -68,6 +94,10 @@ class _Run:
     first_failure: float | None = None
     aborted: dict[int, float] = field(default_factory=dict)
     interrupted: str | None = None
+    test_dir: Path | None = None
+    """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
+    warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)
+    """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
 
     @property
     def live(self) -> list[int]:
@@ -90,6 +120,7 @@ class Controller:
         self.pool: AgentPool | None = None
         self.items: dict[str, pytest.Item] = {}
         self._run_ids = 0
+        self.hypothesis_seed = _hypothesis_seed(config)
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
 
@@ -138,9 +169,14 @@ class Controller:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         run = self.run(item, n)
-        for report in self.merge(run):
+        reports = self.merge(run)
+        for report in reports:
             ihook.pytest_runtest_logreport(report=report)
+        self.log_warnings(run)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if run.test_dir is not None:
+            call = [r for r in reports if r.when == "call"]
+            prune_test_dir(self.config, run.test_dir, passed=call[0].passed if call else True)
         if run.interrupted:
             pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
 
@@ -190,6 +226,7 @@ class Controller:
             for rank in range(n):
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=str(exc))
             return run
+        basetemp, run.test_dir = make_test_dir(self.config, item.name)
         run.started = monotonic()
         placement = pool.placement(n)
         for rank in range(n):
@@ -206,6 +243,10 @@ class Controller:
                 master_port=port,
                 device=self.settings.device,
                 timeout=timeout,
+                basetemp=str(basetemp),
+                tmp_path=str(run.test_dir),
+                hypothesis_seed=self.hypothesis_seed,
+                collective_check=self.settings.collective_check,
             )
             pool.send(rank, "run", spec)
         try:
@@ -258,6 +299,11 @@ class Controller:
         for line in payload["text"].rstrip("\n").splitlines():
             reporter.write_line(f"[rank {rank}] {line}")
 
+    def on_warning(self, pool: AgentPool, run: _Run, rank: int, payload: Warning_) -> None:
+        """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
+        key = (payload["category"], payload["message"], payload["filename"], int(payload["lineno"]))
+        run.warnings.setdefault(key, []).append(rank)
+
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
         run.interrupted = payload["message"]
@@ -280,6 +326,9 @@ class Controller:
             stacks=payload["stacks"],
         )
         run.ends[rank] = end
+        if payload.get("leftovers"):
+            key = (LeftoverProcessWarning.__name__, payload["leftovers"], str(run.item.path), 0)
+            run.warnings.setdefault(key, []).append(rank)
         reported = run.reports.get(rank, [])
         if not (reported and reported[-1].when == "teardown"):
             run.note_failure(rank)
@@ -325,6 +374,25 @@ class Controller:
             if rank not in run.aborted:
                 run.aborted[rank] = monotonic()
                 pool.send(rank, "abort", {"run_id": run.run_id, "reason": reason, "detail": detail})
+
+    def log_warnings(self, run: _Run) -> None:
+        """Hand the ranks' warnings to pytest's warnings summary, one per warning, naming its ranks."""
+        for (category, message, filename, lineno), ranks in run.warnings.items():
+            label = (
+                fold_ranks(ranks) if len(ranks) < run.n else f"all {run.n} ranks" if run.n > 1 else "rank 0"
+            )
+            text = message if message.startswith(("rank ", "ranks ")) else f"[{label}] {message}"
+            record = warnings.WarningMessage(
+                _warning_category(category)(text), _warning_category(category), filename, lineno
+            )
+            self.config.hook.pytest_warning_recorded.call_historic(
+                kwargs={
+                    "warning_message": record,
+                    "when": "runtest",
+                    "nodeid": run.item.nodeid,
+                    "location": None,
+                }
+            )
 
     def merge(self, run: _Run) -> list[TestReport]:
         item = run.item

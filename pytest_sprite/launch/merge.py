@@ -15,6 +15,7 @@ from _pytest._code.code import ReprFileLocation, TerminalRepr
 from _pytest._io import TerminalWriter
 from _pytest.reports import TestReport
 
+from .._collectives import waiting_collective
 from .._ranges import fold_ranks
 from ..protocol import EndedBy
 
@@ -77,12 +78,14 @@ def _signal_name(signum: int) -> str:
 def describe_end(end: RankEnd, phase: str) -> str:
     """One-paragraph explanation of an abnormal end, naming the rank, phase and cause."""
     who = f"rank {end.rank}"
+    collective = waiting_collective(end.stacks)
+    waiting = f", waiting in {collective}" if collective else ""
     if end.ended_by == "timeout":
-        head = (
-            f"{who} was still running {end.detail} (during {phase}); its Python stacks at that moment follow"
-        )
+        head = f"{who} was still running {end.detail} (during {phase}){waiting}; its Python stacks at that moment follow"
     elif end.ended_by == "peer_failed":
-        head = f"{who} was ended during {phase} {end.detail}; its Python stacks at that moment follow"
+        head = (
+            f"{who} was ended during {phase} {end.detail}{waiting}; its Python stacks at that moment follow"
+        )
     elif end.ended_by == "agent_lost":
         head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
     elif end.ended_by == "agent_error":

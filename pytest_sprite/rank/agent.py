@@ -37,6 +37,7 @@ from ..protocol import (
     send_frame,
 )
 from .child import run_spare
+from .leftovers import describe_leftovers, end_session_leftovers
 
 if TYPE_CHECKING:
     import pytest
@@ -363,6 +364,7 @@ class Agent:
                 os.waitpid(child.pid, 0)
             except ChildProcessError:
                 pass
+            end_session_leftovers(child.pid, grace=0.5)
             os.close(child.rfd)
             self.child = None
 
@@ -383,6 +385,8 @@ class Agent:
                 tails.append(f"[{label}]\n{text}")
         stacks_file = child.run_dir / "stacks.txt"
         stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
+        # A child that crashed or was ended could not end what it started; its session still holds it.
+        ended = end_session_leftovers(child.pid)
         self._child_ended(
             child,
             exitcode=exitcode,
@@ -391,6 +395,7 @@ class Agent:
             detail=child.detail,
             output_tail="\n".join(tails),
             stacks=stacks,
+            leftovers=describe_leftovers(self.rank, ended) if ended else "",
         )
 
     def _child_ended(self, child: _Child, **end: Any) -> None:

@@ -30,6 +30,7 @@ from .._pytest_internals import capture_tmpfiles, fresh_child_state
 from .._rankenv import LAUNCHER_VARIABLES
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..world import World
+from .leftovers import lead_own_session
 
 if TYPE_CHECKING:
     import torch
@@ -95,9 +96,41 @@ class ChildSession:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         report = yield
+        _annotate(report, call)
         data = item.config.hook.pytest_report_to_serializable(config=item.config, report=report)
         self.channel.send("report", report=data)
         return report
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Any:
+        """After the fixtures are torn down, end what the test left running in this child's session."""
+        try:
+            return (yield)
+        finally:
+            self._end_leftovers()
+
+    def _end_leftovers(self) -> None:
+        import warnings
+
+        from ..errors import LeftoverProcessWarning
+        from .leftovers import describe_leftovers, end_session_leftovers
+
+        ended = end_session_leftovers(os.getsid(0), exclude={os.getpid()})
+        if ended:
+            warnings.warn(LeftoverProcessWarning(describe_leftovers(self.spec["rank"], ended)), stacklevel=1)
+
+    @pytest.hookimpl
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
+        """Send the test's warnings to the controller, which folds them over ranks into its summary."""
+        if when != "runtest":
+            return
+        self.channel.send(
+            "warning",
+            category=type(warning_message.message).__name__,
+            message=str(warning_message.message),
+            filename=str(warning_message.filename),
+            lineno=int(warning_message.lineno or 0),
+        )
 
     def _init_world(self) -> World:
         import torch
@@ -107,6 +140,11 @@ class ChildSession:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec["local_size"]))
         device, backend = select_device(spec["device"], spec["local_rank"], spec["local_size"])
+        if spec["collective_check"]:
+            # Every group created from here on is wrapped in torch's fingerprint check (issue 9); the
+            # environment variable carries it into processes the test starts (Lightning, sub-worlds).
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+            dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
         if not dist.is_initialized():
             timeout = timedelta(seconds=spec["timeout"] + 60)
             tcp_store: Any = getattr(dist, "TCPStore")  # noqa: B009 (torch exports it without a stub)
@@ -137,7 +175,54 @@ class ChildSession:
             device=device,
             backend=backend,
             _sink=self.channel.collect,
+            _test_dir=self._test_dir,
         )
+
+    def _test_dir(self) -> Path:
+        from .._tmppath import shared_test_dir
+
+        return shared_test_dir(Path(self.spec["basetemp"]), Path(self.spec["tmp_path"]))
+
+
+def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
+    """What the raw report of a rank would hide or repeat (issue 9).
+
+    A rank that failed a hypothesis example only because another rank did (see ``given.py``) passed
+    its own checks: its report passes with a note, so the failing example is reported once, by the
+    rank that had it. torch's collective mismatch error gets one line per rank.
+    """
+    from .._collectives import mismatch_summary
+    from .given import echo_note
+
+    if not report.failed or call.excinfo is None:
+        return
+    note = echo_note(call.excinfo.value)
+    if note is not None:
+        report.outcome = "passed"
+        report.longrepr = None
+        report.sections.append(("sprite", note))
+        return
+    summary = mismatch_summary(str(call.excinfo.value))
+    if summary is not None:
+        report.sections.append(("collective mismatch (--collective-check)", summary))
+
+
+def _prepare_item(item: pytest.Item, spec: RunSpec) -> None:
+    """Before any fixture runs: the shared tmp_path, and hypothesis made safe on several ranks."""
+    from .._tmppath import share_tmp_path
+    from .given import prepare_hypothesis_item
+
+    share_tmp_path(
+        item.config, basetemp=Path(spec["basetemp"]), test_dir=Path(spec["tmp_path"]), item_name=item.name
+    )
+
+    def agree(outcome: object) -> list[object]:
+        current = _world.current_world()
+        return [outcome] if current is None else current.gather_object(outcome)
+
+    prepare_hypothesis_item(
+        item, rank=spec["rank"], world_size=spec["world_size"], seed=spec["hypothesis_seed"], agree=agree
+    )
 
 
 def _install_stack_dumps(run_dir: Path) -> None:
@@ -222,6 +307,7 @@ def run_spare(
     socket attached (SCM_RIGHTS); EOF means the spare is not needed.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    lead_own_session()  # what the test starts stays in this session, to be ended with the test
     _die_with_parent(agent_pid)
     redirect_output(run_dir / "output.log", stdin_devnull=True)
     _install_stack_dumps(run_dir)
@@ -247,12 +333,17 @@ def run_child(
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _export_env(spec)
         fresh_child_state(item)
+        _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)
         session = ChildSession(channel, spec, listen_fd)
         item.config.pluginmanager.register(session, "sprite-child")
         from _pytest.runner import runtestprotocol
+        from _pytest.warnings import catch_warnings_for_item
 
-        runtestprotocol(item, log=False, nextitem=None)
+        # pytest records a test's warnings in its pytest_runtest_protocol, which a child does not run
+        # (the controller's would): record them here, with the session's filters, for the controller.
+        with catch_warnings_for_item(item.config, ihook=item.ihook, when="runtest", item=item):
+            runtestprotocol(item, log=False, nextitem=None)
         _send_uncaptured_output(item.config, channel, run_dir)
         session.leave()
     except KeyboardInterrupt:
