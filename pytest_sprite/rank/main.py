@@ -23,6 +23,24 @@ from .agent import Agent, connect_to_controller
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
 
 
+def _preimport_hypothesis(items: Mapping[str, pytest.Item]) -> None:
+    """With @given tests, import what hypothesis' report of a failure imports, once per agent.
+
+    Hypothesis imports its patch writer (libcst) while it makes a failure's report: seconds in every
+    failing child, long enough for the grace after a failed rank (--rank-grace) to end the ranks and
+    add a teardown error to the test (issue 9).
+    """
+    if "hypothesis" not in sys.modules:
+        return
+    from hypothesis import is_hypothesis_test
+
+    if any(is_hypothesis_test(getattr(item, "obj", None)) for item in items.values()):
+        try:
+            import hypothesis.extra._patching  # noqa: F401
+        except ImportError:
+            pass
+
+
 def forked_agent_main(
     *,
     config: pytest.Config,
@@ -41,6 +59,7 @@ def forked_agent_main(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         redirect_output(log_path)
         preimport_torch()
+        _preimport_hypothesis(items)
         sock = connect_to_controller(host, port)
         agent = Agent(config=config, items=items, rank=rank, sock=sock, rendezvous_bind="127.0.0.1")
         agent.say_ready(token=token, local_rank=rank, world_size=world_size)
@@ -87,6 +106,7 @@ class AgentSessionPlugin:
             print(f"pytest-sprite rank agent: {exc}", file=sys.stderr, flush=True)
             os._exit(3)
         preimport_torch()
+        _preimport_hypothesis(self.items)
         sock = connect_to_controller(self.host, self.port)
         agent = Agent(config=self.config, items=self.items, rank=info.rank, sock=sock)
         agent.say_ready(
