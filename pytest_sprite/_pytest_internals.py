@@ -1,7 +1,7 @@
 """Every reach into pytest's private state, in one file: the one to check when pytest releases.
 
 Each function says which private name it touches and why no public API serves. Imported by the
-controller (``teardown_controller_state``) and by test children (the others).
+controller (``teardown_controller_state``, ``tmp_path_factory``) and by test children (the others).
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 
-__all__ = ["capture_tmpfiles", "fresh_child_state", "teardown_controller_state"]
+__all__ = [
+    "adopt_basetemp",
+    "capture_tmpfiles",
+    "fresh_child_state",
+    "function_scoped_arguments",
+    "record_warnings",
+    "teardown_controller_state",
+    "tmp_path_factory",
+]
 
 
 def _all_fixturedefs(item: pytest.Item) -> list[Any]:
@@ -90,3 +98,56 @@ def teardown_controller_state(item: pytest.Item, nextitem: pytest.Item | None) -
     if item.session.shouldfail or item.session.shouldstop:
         nextitem = None
     item.session._setupstate.teardown_exact(nextitem)
+
+
+def tmp_path_factory(config: pytest.Config) -> Any:
+    """The session's ``TempPathFactory``: ``config._tmp_path_factory``, set by pytest's tmpdir plugin.
+
+    Outside a fixture pytest offers no public way to reach it; the controller makes the session's
+    basetemp and each ranks test's directory with it (issue 9).
+    """
+    return config._tmp_path_factory  # type: ignore[attr-defined]
+
+
+def adopt_basetemp(config: pytest.Config, basetemp: Path) -> Any:
+    """Make a test child's ``TempPathFactory`` use the controller's ``basetemp`` and never delete.
+
+    ``TempPathFactory._basetemp`` and ``_retention_policy`` are private; the public constructor takes
+    a ``given_basetemp`` that ``getbasetemp()`` would wipe, which must not happen to a directory every
+    rank shares. Retention "all" here: the controller prunes once every rank has ended.
+    """
+    factory = tmp_path_factory(config)
+    factory._basetemp = basetemp
+    factory._retention_policy = "all"
+    return factory
+
+
+def record_warnings(item: pytest.Item) -> Any:
+    """A context manager recording ``item``'s warnings with the session's filters, as pytest does.
+
+    pytest records a test's warnings in its own ``pytest_runtest_protocol`` (``_pytest.warnings.
+    catch_warnings_for_item``), which a test child does not run: it calls ``runtestprotocol`` itself.
+    Each warning reaches ``pytest_warning_recorded``, where the child sends it to the controller.
+    """
+    from _pytest.warnings import catch_warnings_for_item
+
+    return catch_warnings_for_item(item.config, ihook=item.ihook, when="runtest", item=item)
+
+
+def function_scoped_arguments(item: pytest.Item) -> set[str]:
+    """The test function's arguments that are function-scoped fixtures (what hypothesis warns about).
+
+    ``item._fixtureinfo.name2fixturedefs`` is private; it is where hypothesis' own pytest plugin looks.
+    """
+    import inspect
+
+    function = getattr(item, "function", None)
+    info = getattr(item, "_fixtureinfo", None)
+    if function is None or info is None:
+        return set()
+    names = set(inspect.signature(function).parameters)
+    return {
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if name in names and defs and defs[-1].scope == "function"
+    }

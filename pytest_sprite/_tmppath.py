@@ -22,8 +22,9 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
+from ._pytest_internals import adopt_basetemp, tmp_path_factory
 from .errors import SpriteUsageError
 
 if TYPE_CHECKING:
@@ -46,14 +47,9 @@ def tmp_path_name(item_name: str) -> str:
     return re.sub(r"[\W]", "_", item_name)[:_NAME_CHARS]
 
 
-def _factory(config: pytest.Config) -> Any:
-    # pytest's tmpdir plugin keeps the session's TempPathFactory here (no public accessor outside a fixture).
-    return config._tmp_path_factory  # type: ignore[attr-defined]
-
-
 def make_test_dir(config: pytest.Config, item_name: str) -> tuple[Path, Path]:
     """Controller: the session's basetemp (made on first use) and a fresh directory for one ranks test."""
-    factory = _factory(config)
+    factory = tmp_path_factory(config)
     return factory.getbasetemp(), factory.mktemp(tmp_path_name(item_name), numbered=True)
 
 
@@ -70,9 +66,7 @@ def share_tmp_path(config: pytest.Config, *, basetemp: Path, test_dir: Path, ite
 
     Called before the test's fixtures run; the child's factory never makes a basetemp of its own.
     """
-    factory = _factory(config)
-    factory._basetemp = basetemp
-    factory._retention_policy = "all"  # the controller prunes once every rank has ended
+    factory = adopt_basetemp(config, basetemp)  # and never delete: the controller prunes once all ranks ended
     first = tmp_path_name(item_name)
     counts: dict[str, int] = {}
 

@@ -50,6 +50,7 @@ def test_frames_round_trip_over_a_socket() -> None:
                 "detail": "",
                 "output_tail": "",
                 "stacks": "",
+                "leftovers": "",
                 "next_port": 4242,
             },
         )

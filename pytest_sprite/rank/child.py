@@ -26,7 +26,7 @@ import pytest
 from .. import world as _world
 from .._device import select_device
 from .._process import redirect_output
-from .._pytest_internals import capture_tmpfiles, fresh_child_state
+from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
 from .._rankenv import LAUNCHER_VARIABLES
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..world import World
@@ -338,11 +338,9 @@ def run_child(
         session = ChildSession(channel, spec, listen_fd)
         item.config.pluginmanager.register(session, "sprite-child")
         from _pytest.runner import runtestprotocol
-        from _pytest.warnings import catch_warnings_for_item
 
-        # pytest records a test's warnings in its pytest_runtest_protocol, which a child does not run
-        # (the controller's would): record them here, with the session's filters, for the controller.
-        with catch_warnings_for_item(item.config, ihook=item.ihook, when="runtest", item=item):
+        # Warnings go to the controller, which folds them over ranks into its summary (issue 9).
+        with record_warnings(item):
             runtestprotocol(item, log=False, nextitem=None)
         _send_uncaptured_output(item.config, channel, run_dir)
         session.leave()

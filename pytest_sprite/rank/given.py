@@ -25,7 +25,6 @@ Imports hypothesis only when the test module already did.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from collections.abc import Callable, Sequence
 from random import Random
@@ -171,24 +170,12 @@ def _seed_engine(seed: int | str, nodeid: str) -> None:
         core.global_force_seed = state.getrandbits(128)  # type: ignore[assignment]
 
 
-def _function_scoped_args(item: pytest.Item) -> set[str]:
-    """Arguments of the test function that are function-scoped fixtures (what hypothesis warns about)."""
-    function = getattr(item, "function", None)
-    info = getattr(item, "_fixtureinfo", None)
-    if function is None or info is None:
-        return set()
-    names = set(inspect.signature(function).parameters)
-    return {
-        name
-        for name, defs in info.name2fixturedefs.items()
-        if name in names and defs and defs[-1].scope == "function"
-    }
-
-
 def prepare_hypothesis_item(
     item: pytest.Item, *, rank: int, world_size: int, seed: int | str | None, agree: Agree
 ) -> bool:
     """:func:`prepare_given` for a collected item in a test child."""
+    from .._pytest_internals import function_scoped_arguments
+
     test = getattr(item, "obj", None)
     if test is None:
         return False
@@ -198,7 +185,7 @@ def prepare_hypothesis_item(
         rank=rank,
         world_size=world_size,
         seed=seed,
-        only_harness_fixtures=_function_scoped_args(item) <= HARNESS_FIXTURES,
+        only_harness_fixtures=function_scoped_arguments(item) <= HARNESS_FIXTURES,
         agree=agree,
     )
 
