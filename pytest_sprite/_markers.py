@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import pytest
 
@@ -17,20 +17,30 @@ from .errors import SpriteUsageError
 
 __all__ = [
     "PARAM_NAME",
+    "WORLD",
     "RanksSpec",
+    "Size",
     "item_ranks_spec",
     "parse_positive_int",
     "parse_ranks_marker",
     "parse_timeout",
     "ranks_spec_key",
     "remember_ranks_spec",
+    "size_id",
+    "world_sizes",
 ]
 
 PARAM_NAME: Final = "_sprite_world_size"
 """Hidden parameter that ``ranks([1, 2, 4])`` parametrizes over."""
 
+WORLD: Final = "world"
+"""``ranks("world")``: the whole world the session has (``--ranks``), whatever its size (issue 9)."""
+
+Size = int | Literal["world"]
+
 _EXAMPLES: Final = (
-    "use e.g. @pytest.mark.ranks(4), @pytest.mark.ranks([1, 2, 4]) or @pytest.mark.ranks(2, timeout=60)"
+    'use e.g. @pytest.mark.ranks(4), @pytest.mark.ranks([1, 2, 4]), @pytest.mark.ranks("world"), '
+    '@pytest.mark.ranks([2, "world"]) or @pytest.mark.ranks(2, timeout=60)'
 )
 
 
@@ -38,10 +48,10 @@ _EXAMPLES: Final = (
 class RanksSpec:
     """What a ``ranks`` marker asks for."""
 
-    sizes: tuple[int, ...]
-    """World sizes the test runs at; one unless parametrized."""
+    sizes: tuple[Size, ...]
+    """World sizes the test runs at, ``"world"`` for the session's whole world; one unless parametrized."""
     parametrized: bool
-    """True for the list form, which makes one test per world size."""
+    """True for the list form and for ``"world"``, which make one test per world size, named for it."""
     timeout: float | None
     """The marker's ``timeout=`` in seconds, None when not given."""
 
@@ -106,24 +116,51 @@ def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) 
     if isinstance(arg, (list, tuple)):
         if not arg:
             raise SpriteUsageError(f"{prefix}: the list of world sizes is empty; {_EXAMPLES}")
-        bad = [v for v in arg if not _is_count(v)]
+        bad = [v for v in arg if not (_is_count(v) or v == WORLD)]
         if bad:
             raise SpriteUsageError(
-                f"{prefix}: every world size must be a positive int, got {_describe(bad[0])} in {list(arg)!r}; {_EXAMPLES}"
+                f'{prefix}: every world size must be a positive int or "world", got {_describe(bad[0])} in '
+                f"{list(arg)!r}; {_EXAMPLES}"
             )
         if len(set(arg)) != len(arg):
             raise SpriteUsageError(f"{prefix}: world sizes {list(arg)!r} repeat a size; list each once")
         sizes, parametrized = tuple(arg), True
     elif _is_count(arg):
         sizes, parametrized = (arg,), False
+    elif arg == WORLD:
+        sizes, parametrized = (WORLD,), True
     else:
         raise SpriteUsageError(
-            f"{prefix}: the world size must be a positive int or a non-empty list of them, got {_describe(arg)}; {_EXAMPLES}"
+            f'{prefix}: the world size must be a positive int, "world" or a non-empty list of them, got '
+            f"{_describe(arg)}; {_EXAMPLES}"
         )
     timeout = kwargs.get("timeout")
     if timeout is not None:
         timeout = parse_timeout(timeout, f"{prefix}: timeout=")
     return RanksSpec(sizes=sizes, parametrized=parametrized, timeout=timeout)
+
+
+def world_sizes(spec: RanksSpec, world: int | None) -> tuple[Size, ...]:
+    """The sizes a test is generated at, once the session's world is known (``None``: not yet).
+
+    ``"world"`` becomes the world's size; beside it, the listed sizes at or above the world are left
+    out (the world entry covers them), so ``ranks([2, 3, "world"])`` is 2, 3 and 4 at ``--ranks=4`` and
+    2 at ``--ranks=2``, never a skip for being beyond the world. A list without ``"world"`` is kept
+    as written. While the world is unknown, ``"world"`` stays and the controller sizes it.
+    """
+    if WORLD not in spec.sizes or world is None:
+        return spec.sizes
+    out: list[Size] = []
+    for size in spec.sizes:
+        n = world if size == WORLD else size
+        if (size == WORLD or n < world) and n not in out:
+            out.append(n)
+    return tuple(out)
+
+
+def size_id(size: Size) -> str:
+    """The id a generated test carries for its world size: ``ranks4``, or ``ranks-world`` while unsized."""
+    return f"ranks{size}" if size != WORLD else "ranks-world"
 
 
 def parse_positive_int(value: object, where: str) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ._markers import PARAM_NAME, remember_ranks_spec
+from ._markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
 from ._settings import Settings, register_options, settings_key
 from .errors import SpriteUsageError
 
@@ -18,7 +18,8 @@ pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
 
 RANKS_MARKER_HELP = (
     "ranks(n, timeout=None): run the test body on n ranks, each a fresh process with torch.distributed "
-    "initialized; ranks([1, 2, 4]) parametrizes over world sizes; timeout= seconds overrides --rank-timeout."
+    'initialized; ranks([1, 2, 4]) parametrizes over world sizes; ranks("world") runs on the session\'s whole '
+    'world (--ranks), ranks([2, "world"]) on 2 and the world; timeout= seconds overrides --rank-timeout.'
 )
 CPU_MARKER_HELP = "cpu: the test needs no accelerator (select CI's suite with -m cpu)."
 XPU_MARKER_HELP = "xpu: the test needs Intel XPU tiles (not run in CI)."
@@ -61,7 +62,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pytest.fail(error, pytrace=False)
     if spec is not None and spec.parametrized:
         metafunc.fixturenames.append(PARAM_NAME)
-        metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks{n}" for n in spec.sizes], indirect=True)
+        sizes = world_sizes(spec, metafunc.config.stash[settings_key].world_size)
+        metafunc.parametrize(PARAM_NAME, sizes, ids=[size_id(n) for n in sizes], indirect=True)
 
 
 @pytest.fixture(name=PARAM_NAME)

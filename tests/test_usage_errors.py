@@ -11,14 +11,20 @@ pytestmark = pytest.mark.cpu
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
-        ("ranks(0)", "the world size must be a positive int or a non-empty list of them, got 0 (a int)"),
-        ("ranks(-1)", "the world size must be a positive int or a non-empty list of them, got -1 (a int)"),
+        (
+            "ranks(0)",
+            'the world size must be a positive int, "world" or a non-empty list of them, got 0 (a int)',
+        ),
+        (
+            "ranks(-1)",
+            'the world size must be a positive int, "world" or a non-empty list of them, got -1 (a int)',
+        ),
         (
             'ranks("four")',
-            "the world size must be a positive int or a non-empty list of them, got 'four' (a str)",
+            "the world size must be a positive int, \"world\" or a non-empty list of them, got 'four' (a str)",
         ),
         ("ranks([])", "the list of world sizes is empty"),
-        ("ranks([2, 0])", "every world size must be a positive int, got 0 (a int) in [2, 0]"),
+        ("ranks([2, 0])", 'every world size must be a positive int or "world", got 0 (a int) in [2, 0]'),
         ("ranks(True)", "got True (a bool)"),
         ("ranks(2, timeout=-5)", "timeout= must be a number of seconds > 0, got -5"),
         ("ranks(2, tiemout=5)", "unknown keyword tiemout; the only keyword is timeout=SECONDS"),

@@ -18,7 +18,7 @@ import pytest
 from _pytest.reports import TestReport
 
 from .._collected import store_collected
-from .._markers import PARAM_NAME, item_ranks_spec, ranks_spec_key
+from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
 from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
 from .._settings import Settings
@@ -48,11 +48,12 @@ beyond_world_key = pytest.StashKey[str]()
 """Set when the item needs more ranks than the world: the skip reason."""
 
 
-def item_world_size(item: pytest.Item) -> int | None:
-    """How many ranks ``item`` runs on, or None for an ordinary test."""
+def item_world_size(item: pytest.Item) -> Size | None:
+    """How many ranks ``item`` runs on (``"world"``: the session's world, not sized yet), None for an ordinary test."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None and PARAM_NAME in callspec.params:
-        return int(callspec.params[PARAM_NAME])
+        size = callspec.params[PARAM_NAME]
+        return WORLD if size == WORLD else int(size)
     spec = item_ranks_spec(item)
     return spec.sizes[0] if spec is not None else None
 
@@ -144,14 +145,27 @@ class Controller:
 
     def plan(self, items: list[pytest.Item]) -> None:
         """Record each item's world size and skip those that need more ranks than the world."""
-        sizes = {}
+        sizes: dict[pytest.Item, int] = {}
+        whole: list[pytest.Item] = []
         for item in items:
             n = item_world_size(item)
-            if n is not None:
+            if n == WORLD:
+                whole.append(item)
+            elif n is not None:
                 sizes[item] = n
                 item.stash[world_size_key] = n
         if self.world_size is None and sizes:
             self.world_size = max(sizes.values())
+        for item in whole:  # ranks("world") without --ranks: the world the other markers size
+            if self.world_size is None:
+                reason = (
+                    '@pytest.mark.ranks("world") runs on the session\'s world, whose size nothing sets here: '
+                    "pass --ranks=W (or SPRITE_RANKS, or the ini option ranks)"
+                )
+                item.stash[beyond_world_key] = reason
+                item.add_marker(pytest.mark.skip(reason=reason))
+            else:
+                sizes[item] = item.stash[world_size_key] = self.world_size
         self.items = {item.nodeid: item for item in items}
         for item, n in sizes.items():
             assert self.world_size is not None
