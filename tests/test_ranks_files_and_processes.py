@@ -64,6 +64,7 @@ def test_ranks_share_tmp_path_and_rank_0_writes_what_rank_1_reads(pytester: pyte
     result.stdout.fnmatch_lines([f"*TMP_PATH={fnescape(str(shared))} BASETEMP={fnescape(str(base))}*"])
 
 
+@pytest.mark.slow
 def test_one_basetemp_per_session_pruned_as_pytest_prunes(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

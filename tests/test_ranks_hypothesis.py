@@ -17,7 +17,10 @@ LAUNCHERS = [
     pytest.param("local", id="local"),
     pytest.param(
         "mpiexec",
-        marks=pytest.mark.skipif(shutil.which("mpiexec") is None, reason="MPICH's mpiexec is not on PATH"),
+        marks=[
+            pytest.mark.skipif(shutil.which("mpiexec") is None, reason="MPICH's mpiexec is not on PATH"),
+            pytest.mark.slow,
+        ],
         id="mpiexec",
     ),
 ]
@@ -70,6 +73,7 @@ def test_every_rank_draws_the_same_examples(pytester: pytest.Pytester, tmp_path:
     assert "FailedHealthCheck" not in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_hypothesis_seed_pins_the_examples_of_every_rank(pytester: pytest.Pytester, tmp_path: Path) -> None:
     pytester.makepyfile(
         f"""
