@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
@@ -40,6 +40,7 @@ BF16_PRECISION = "bf16-mixed"
 """Precision of every arm but ref32."""
 FP32_PRECISION = "32-true"
 """Precision of ref32 (FP32, TF32 disabled)."""
+_RECORD_FORMAT = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,9 +207,78 @@ class Bf16ArmRecord:
         final = self.steps[-1].params
         return {n: final[n].double() - self.initial_trainable[n].double() for n in self.trainable_names}
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
+        return {
+            "format": _RECORD_FORMAT,
+            "kind": "bf16",
+            "arm": self.arm,
+            "recipe": {f.name: getattr(self.recipe, f.name) for f in fields(self.recipe)},
+            "world_size": self.world_size,
+            "shards": self.shards,
+            "device_type": self.device_type,
+            "precision": self.precision,
+            "tf32": self.tf32,
+            "fault": self.fault,
+            "strategy": self.strategy,
+            "trainable_names": list(self.trainable_names),
+            "frozen_names": list(self.frozen_names),
+            "linear_sites": list(self.linear_sites),
+            "initial_trainable": dict(self.initial_trainable),
+            "initial_digests": [dict(d) for d in self.initial_digests],
+            "comm": [c.to_dict() for c in self.comm],
+            "steps": [
+                {
+                    "rows": [list(r) for r in step.rows],
+                    "grads": dict(step.grads),
+                    "params": dict(step.params),
+                    "ranks": [_rank_step_dict(r) for r in step.ranks],
+                }
+                for step in self.steps
+            ],
+            "wall_s": self.wall_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Bf16ArmRecord:
+        """Inverse of :meth:`to_dict`; refuses a record written in another format."""
+        if data.get("format") != _RECORD_FORMAT or data.get("kind") != "bf16":
+            raise SpriteUsageError(
+                f"this is not a BF16 arm record of format {_RECORD_FORMAT} (format {data.get('format')!r}, kind "
+                f"{data.get('kind')!r}); re-run the arm with this version of pytest-sprite"
+            )
+        return cls(
+            arm=data["arm"],
+            recipe=RecipeIdentity(**data["recipe"]),
+            world_size=int(data["world_size"]),
+            shards=int(data["shards"]),
+            device_type=data["device_type"],
+            precision=data["precision"],
+            tf32=bool(data["tf32"]),
+            fault=data["fault"],
+            strategy=data["strategy"],
+            trainable_names=tuple(data["trainable_names"]),
+            frozen_names=tuple(data["frozen_names"]),
+            linear_sites=tuple(data["linear_sites"]),
+            initial_trainable=dict(data["initial_trainable"]),
+            initial_digests=tuple(dict(d) for d in data["initial_digests"]),
+            comm=tuple(CommConfig(**c) for c in data["comm"]),
+            steps=tuple(
+                StepRecord(
+                    rows=tuple(tuple(int(i) for i in r) for r in step["rows"]),
+                    grads=dict(step["grads"]),
+                    params=dict(step["params"]),
+                    ranks=tuple(_rank_step_from(r) for r in step["ranks"]),
+                )
+                for step in data["steps"]
+            ),
+            wall_s=float(data.get("wall_s", 0.0)),
+        )
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready metadata and per-step norms, without tensors."""
         return {
+            "kind": "bf16",
             "arm": self.arm,
             "label": self.label,
             "world_size": self.world_size,
@@ -224,6 +294,50 @@ class Bf16ArmRecord:
             "comm": [c.to_dict() for c in self.comm],
             "wall_s": self.wall_s,
         }
+
+
+def _rank_step_dict(r: RankStep) -> dict[str, Any]:
+    return {
+        "pre_clip_norm": r.pre_clip_norm,
+        "post_clip_norm": r.post_clip_norm,
+        "grad_dtypes": dict(r.grad_dtypes),
+        "grad_nonfinite": list(r.grad_nonfinite),
+        "grad_digests": dict(r.grad_digests),
+        "param_digests": dict(r.param_digests),
+        "frozen_digests": dict(r.frozen_digests),
+        "param_sharded": None if r.param_sharded is None else dict(r.param_sharded),
+        "grad_sharded": None if r.grad_sharded is None else dict(r.grad_sharded),
+        "linear": [
+            [c.site, c.kind, c.output_dtype, c.param_dtype, c.autocast, c.autocast_dtype, c.calls]
+            for c in r.linear
+        ],
+    }
+
+
+def _rank_step_from(d: Mapping[str, Any]) -> RankStep:
+    return RankStep(
+        pre_clip_norm=float(d["pre_clip_norm"]),
+        post_clip_norm=float(d["post_clip_norm"]),
+        grad_dtypes=dict(d["grad_dtypes"]),
+        grad_nonfinite=tuple(d["grad_nonfinite"]),
+        grad_digests=dict(d["grad_digests"]),
+        param_digests=dict(d["param_digests"]),
+        frozen_digests=dict(d["frozen_digests"]),
+        param_sharded=None if d["param_sharded"] is None else dict(d["param_sharded"]),
+        grad_sharded=None if d["grad_sharded"] is None else dict(d["grad_sharded"]),
+        linear=tuple(
+            LinearCall(
+                site=c[0],
+                kind=c[1],
+                output_dtype=c[2],
+                param_dtype=c[3],
+                autocast=bool(c[4]),
+                autocast_dtype=c[5],
+                calls=int(c[6]),
+            )
+            for c in d["linear"]
+        ),
+    )
 
 
 def _json_float(x: float) -> float | str:
