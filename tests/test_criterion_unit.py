@@ -29,14 +29,15 @@ from pytest_sprite.assertions.criterion_v2 import (  # noqa: E402
 )
 from pytest_sprite.assertions.faults import expect_fault_rejected  # noqa: E402
 from pytest_sprite.errors import SpriteUsageError  # noqa: E402
-from pytest_sprite.records import RecipeIdentity, tensor_digest  # noqa: E402
-from pytest_sprite.records_bf16 import (  # noqa: E402
+from pytest_sprite.records import (  # noqa: E402
     BF16_ARMS,
     Bf16ArmRecord,
     CommConfig,
     LinearCall,
     RankStep,
+    RecipeIdentity,
     StepRecord,
+    tensor_digest,
 )
 
 pytestmark = pytest.mark.cpu

@@ -21,7 +21,7 @@ from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records_bf16 import (
+from pytest_sprite.records import (
     BF16_ARMS,
     BF16_PRECISION,
     BF16_SINGLE_DEVICE_ARMS,

@@ -36,14 +36,15 @@ from pytest_sprite.recipes._arm import (
     shard_batches,
 )
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
-from pytest_sprite.records import RecipeIdentity, tensor_digest
-from pytest_sprite.records_bf16 import (
+from pytest_sprite.records import (
     BF16_SINGLE_DEVICE_ARMS,
     Bf16ArmRecord,
     CommConfig,
     LinearCall,
     RankStep,
+    RecipeIdentity,
     StepRecord,
+    tensor_digest,
 )
 from pytest_sprite.world import World
 
