@@ -400,35 +400,50 @@ class CriterionResult:
         return render_table(("Invariant", "Result", "Arm", "Evidence"), rows)
 
     def rejection_rows(self) -> list[dict[str, Any]]:
-        """One row per faulted arm: fault, arm, status, rejecting evidence, observations, figures."""
+        """One row per faulted arm: fault, arm, status, rejecting evidence, observations, figures.
+
+        The rejecting evidence is the fault registry's criterion-v2 checks for the fault that failed on its
+        arm. The status is ``rejected`` only when all of them failed there and no other arm failed, as
+        ``expect_fault_rejected`` requires; other failed checks of the arm are listed as supporting.
+        """
+        from pytest_sprite.faults import FAULTS
+
         out = []
-        by_role = {c.label: c for c in self.scored}
+        by_label = {c.label: c for c in self.scored}
         for fault, label in self.faults:
-            mine = [f for f in self.failed if f.arm == label]
-            checks = list(dict.fromkeys(f.check for f in mine))
-            inv_obs = [
+            mine = list(dict.fromkeys(f.check for f in self.failed if f.arm == label))
+            others = [f for f in self.failed if f.arm != label]
+            entry = FAULTS.get(fault)
+            expected = entry.checks_for(self.kind) if entry is not None else ()
+            rejecting = [c for c in mine if c in expected]
+            rejected = bool(rejecting) and set(expected) <= set(mine) and not others
+            observations = [
                 f"{inv.name}: {f.observations}"
                 for inv in self.invariants
                 for f in inv.failures
                 if f.label == label
             ]
-            comp = by_role.get(label)
-            if inv_obs:
-                observations = "; ".join(inv_obs)
-            elif comp is not None:
-                observations = (
+            comp = by_label.get(label)
+            if comp is not None and not observations:
+                observations.append(
                     f"tensor gradients over {comp.gradients_over}/{len(comp.gradients)}; "
                     f"tensor updates over {comp.updates_over}/{len(comp.updates)}"
                 )
-            else:
-                observations = ""
+            extra = [c for c in mine if c not in rejecting]
+            if extra:
+                observations.append("also failed: " + ", ".join(extra))
+            if others:
+                observations.append(
+                    "other arms failed too: " + ", ".join(dict.fromkeys(f.arm for f in others))
+                )
             out.append(
                 {
                     "fault": fault,
                     "arm": label,
-                    "status": "rejected" if mine else "not rejected",
-                    "rejecting_evidence": checks,
-                    "supporting_observations": observations,
+                    "status": "rejected" if rejected else "not rejected",
+                    "rejecting_evidence": rejecting,
+                    "expected_evidence": list(expected),
+                    "supporting_observations": "; ".join(observations),
                     "pre_norm_rel": _json(comp.pre_norm_rel) if comp else None,
                     "max_gradient_gap": _json(comp.max_gradient_gap) if comp else None,
                     "update_rel_l2": _json(comp.update_rel_l2) if comp else None,

@@ -27,12 +27,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.recipes._arm import (
     _fp32_numerics,
     _full,
     _lightning_kwargs,
     _quiet_lightning,
-    loss_factor,
     shard_batches,
 )
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
@@ -48,17 +48,7 @@ from pytest_sprite.records import (
 )
 from pytest_sprite.world import World
 
-__all__ = ["BF16_FAULT_KINDS", "Bf16Plan", "Bf16Sites", "run_bf16_distributed", "run_bf16_single"]
-
-BF16_FAULT_KINDS: dict[str, str] = {
-    "missing-rank": "loss",
-    "wrong-scale": "loss",
-    "fp32-backbone": "forward",
-    "local-adapter": "sync",
-    "scale-grad": "grad",
-    "skip-update": "update",
-}
-"""Faults the BF16 arms plant, by where they act."""
+__all__ = ["Bf16Plan", "Bf16Sites", "run_bf16_distributed", "run_bf16_single"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +58,9 @@ class Bf16Sites:
     linear: Mapping[str, str]
     """Every Linear site: module name to ``backbone``, ``lora_A``, ``lora_B`` or ``head``."""
     backbone: str
-    """Module the fp32-backbone fault runs without autocast."""
-    adapter_tensor: str
-    """Trainable parameter the local-adapter fault leaves out of DDP's gradient synchronization."""
+    """Module a planter's ``forward_context`` wraps (the fp32-backbone fault runs it without autocast)."""
+    adapters: tuple[str, ...]
+    """Adapter tensors (trainable names) a planter may leave out of gradient synchronization (local-adapter)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +134,8 @@ class _Bf16Module(pl.LightningModule):
         kind: str,
         rank: int,
         world_size: int,
-        factor: float,
+        planter: Planter,
+        site: PlantSite,
     ) -> None:
         super().__init__()
         self.net = net
@@ -155,7 +146,8 @@ class _Bf16Module(pl.LightningModule):
         self._kind = kind
         self._rank = rank
         self._world_size = world_size
-        self._factor = factor
+        self._planter = planter
+        self._site = site
         self._handles: list[Any] = []
         self.automatic_optimization = kind not in ("split", "split_premul")
 
@@ -168,12 +160,13 @@ class _Bf16Module(pl.LightningModule):
         return [(n, p) for n, p in self.net.named_parameters() if not p.requires_grad]
 
     def configure_model(self) -> None:
-        if self._kind == "ddp" and self._plan.fault == "local-adapter":
+        unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
+        if unsynchronized and self._kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
 
-            # a trainable left out of DDP keeps its local gradient: the bug local-adapter plants
+            # a trainable DDP ignores keeps its local gradient: the bug local-adapter plants
             ignore: Any = DistributedDataParallel._set_params_and_buffers_to_ignore_for_model
-            ignore(self, [f"net.{self._sites.adapter_tensor}"])
+            ignore(self, [f"net.{name}" for name in unsynchronized])
         if self._kind != "fsdp":
             return
         from pytest_sprite.lightning import shard_model
@@ -280,12 +273,12 @@ class _Bf16Module(pl.LightningModule):
                 self.trace.linear[key] = self.trace.linear.get(key, 0) + 1
 
             self._handles.append(module.register_forward_hook(hook))
-        if self._plan.fault == "fp32-backbone":
+        if "forward_context" in self._planter.hooks():
             backbone = modules[self._sites.backbone]
             contexts: list[Any] = []
 
             def enter(mod: torch.nn.Module, args: Any) -> None:
-                ctx: Any = torch.autocast(device_type=device_type, enabled=False)
+                ctx: Any = self._planter.forward_context(self._site, device_type)
                 ctx.__enter__()
                 contexts.append(ctx)
 
@@ -306,7 +299,7 @@ class _Bf16Module(pl.LightningModule):
         if self.automatic_optimization:
             self.trace.pending["rows"] = rows
             loss = self._loss(batch["input_ids"], batch["labels"])
-            return loss * self._factor if self._factor != 1.0 else loss
+            return self._planter.loss(loss, self._site)
         self._split_step(batch, rows)
         return None
 
@@ -342,10 +335,7 @@ class _Bf16Module(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self.automatic_optimization:
             return  # split arms record before they clip
-        if self._plan.fault == "scale-grad":
-            for _, p in self._trainables():  # after DDP's all-reduce, before clipping
-                if p.grad is not None:
-                    p.grad.mul_(self._world_size)
+        self._planter.gradients(self._trainables(), self._site)  # synchronized, not yet clipped
         self._record_grads()
 
     def _record_grads(self) -> None:
@@ -381,8 +371,7 @@ class _Bf16Module(pl.LightningModule):
     def _before_update(self) -> bool:
         grads = [p.grad.detach() for _, p in self._trainables() if p.grad is not None]
         self.trace.pending["post"] = _norm(_full_many(grads))
-        last = len(self.trace.ranks) == self._plan.identity.steps - 1
-        return not (self._plan.fault == "skip-update" and self._rank != 0 and last)
+        return not self._planter.skip_step(len(self.trace.ranks), self._plan.identity.steps, self._site)
 
     def _after_update(self) -> None:
         t = self.trace
@@ -484,21 +473,28 @@ def _ddp_dtype(name: str) -> str:
     return table.get(name.strip(), name.strip())
 
 
-def _fit(plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites) -> _Trace:
+def _fit(
+    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites, strategy: Any = None
+) -> _Trace:
     ident = plan.identity
     kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
     distributed = kind in ("ddp", "fsdp")
     world_size = world.size if distributed else 1
     kwargs = _lightning_kwargs(kind if distributed else "single", world, plan.precision)
+    if strategy is not None:
+        kwargs["strategy"] = strategy
     rank = world.rank if distributed else 0
-    factor = loss_factor(
-        plan.fault if BF16_FAULT_KINDS.get(plan.fault or "") == "loss" else None,
+    site = PlantSite(arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision)
+    module = _Bf16Module(
+        net=net,
+        rows=rows,
+        plan=plan,
+        sites=sites,
+        kind=kind,
         rank=rank,
         world_size=world_size,
-        accumulate=1,
-    )
-    module = _Bf16Module(
-        net=net, rows=rows, plan=plan, sites=sites, kind=kind, rank=rank, world_size=world_size, factor=factor
+        planter=plant(plan.fault, site),
+        site=site,
     )
     clip_kwargs: dict[str, Any] = (
         {"gradient_clip_val": ident.clip, "gradient_clip_algorithm": "norm"}
@@ -584,10 +580,10 @@ def run_bf16_single(
 
 
 def run_bf16_distributed(
-    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites
+    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites, strategy: Any = None
 ) -> Bf16ArmRecord:
-    """ddp or fsdp on every rank; every rank returns the same record (rank 0's tensors)."""
-    trace = _fit(plan, net=net, rows=rows, world=world, sites=sites)
+    """ddp or fsdp on every rank (or ``strategy``); every rank returns the same record (rank 0's tensors)."""
+    trace = _fit(plan, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
     per_rank = world.gather_object(_summary(trace))
     shared = world.broadcast_object(
         (
