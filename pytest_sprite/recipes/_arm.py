@@ -298,7 +298,13 @@ def _fit(
     kwargs = _lightning_kwargs(kind, world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
-    site = PlantSite(arm=plan.arm, rank=world.rank, world_size=world_size, accumulate=plan.accumulate)
+    site = PlantSite(
+        arm=plan.arm,
+        rank=world.rank,
+        world_size=world_size,
+        accumulate=plan.accumulate,
+        precision=plan.precision,
+    )
     module = _ArmModule(
         net=model,
         rows=rows,

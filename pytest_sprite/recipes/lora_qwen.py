@@ -13,15 +13,26 @@ By default the backbone is a tiny Qwen2 config built in memory (no download, sec
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import PlantSite, get_fault
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
-from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
+from pytest_sprite.records import (
+    ARMS,
+    BF16_ARMS,
+    BF16_PRECISION,
+    BF16_SINGLE_DEVICE_ARMS,
+    DISTRIBUTED_ARMS,
+    FP32_PRECISION,
+    ArmRecord,
+    Bf16ArmRecord,
+    RecipeIdentity,
+)
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
@@ -63,7 +74,7 @@ class LoraQwen:
         self.artifacts = artifacts
         self._model: LoraQwenClassifier | None = None
         self._model_id = ""
-        self.records: list[ArmRecord] = []
+        self.records: list[ArmRecord | Bf16ArmRecord] = []
         """Every record this object produced, in order (for reports)."""
         self._used_strategies: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -92,6 +103,48 @@ class LoraQwen:
         vocab = self._pristine().vocab_size
         return make_rows(seed=self.seed, rows=steps * global_batch, seq_len=self.seq_len, vocab_size=vocab)
 
+    @overload
+    def run(
+        self,
+        arm: Literal["single"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord: ...
+
+    @overload
+    def run(
+        self,
+        arm: Literal["ref32", "ref", "split", "split_premul"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> Bf16ArmRecord: ...
+
+    @overload
+    def run(
+        self,
+        arm: str,
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord | Bf16ArmRecord: ...
+
     def run(
         self,
         arm: str,
@@ -103,15 +156,22 @@ class LoraQwen:
         accumulate: int = 1,
         fault: str | None = None,
         strategy: Strategy | None = None,
-    ) -> ArmRecord:
+    ) -> ArmRecord | Bf16ArmRecord:
         """Train one arm and return its record, the same on every rank.
 
-        ``single`` trains the full global batch on one device (rank 0; the other ranks wait and receive the
-        record); ``ddp`` and ``fsdp`` run the code-under-test strategies on every rank of the test, or
-        ``strategy`` when given (a fresh Lightning strategy object per call). The default global batch is
-        2 x the test's world size; each optimizer step trains ``accumulate`` micro-batches per rank.
+        FP32 parity (``precision="32-true"``, an :class:`ArmRecord`): ``single`` trains the full global batch
+        on one device (rank 0; the other ranks wait and receive the record); ``ddp`` and ``fsdp`` run the
+        code-under-test strategies on every rank of the test, or ``strategy`` when given (a fresh Lightning
+        strategy object per call). The default global batch is 2 x the test's world size; each optimizer
+        step trains ``accumulate`` micro-batches per rank.
+
+        BF16 criterion v2 (``precision="bf16-mixed"``, a :class:`Bf16ArmRecord` for ``assert_criterion_v2``):
+        the arms ``ref32`` (FP32, TF32 off; it runs FP32 whatever the run's precision), ``ref``, ``split``
+        and ``split_premul`` on one device (rank 0, shared), and ``ddp`` and ``fsdp`` on every rank.
         """
-        global_batch = self._check_run(arm, steps, clip, global_batch, accumulate, fault, strategy)
+        if arm in BF16_ARMS and (arm in BF16_SINGLE_DEVICE_ARMS or _is_bf16(precision)):
+            return self._run_bf16(arm, precision, steps, clip, global_batch, accumulate, fault, strategy)
+        global_batch = self._check_run(arm, steps, clip, global_batch, accumulate, fault, strategy, precision)
         rows = self.rows(steps=steps, global_batch=global_batch)
         identity = RecipeIdentity(
             model=self.model_id,
@@ -158,6 +218,101 @@ class LoraQwen:
         self.records.append(record)
         return record
 
+    def _run_bf16(
+        self,
+        arm: str,
+        precision: str,
+        steps: int,
+        clip: float,
+        global_batch: int | None,
+        accumulate: int,
+        fault: str | None,
+        strategy: Strategy | None,
+    ) -> Bf16ArmRecord:
+        """One arm of criterion v2: the same recipe, recorded at every step."""
+        if arm != "ref32" and not _is_bf16(precision):
+            raise SpriteUsageError(
+                f"arm {arm!r} is a BF16 arm of criterion v2 and runs precision='bf16-mixed', got {precision!r}; "
+                f'pass precision="bf16-mixed" (ref32 is its FP32 reference and runs FP32 either way)'
+            )
+        if arm == "ref32" and not (_is_bf16(precision) or precision == FP32_PRECISION):
+            raise SpriteUsageError(
+                f"arm 'ref32' is criterion v2's FP32 reference; pass precision='bf16-mixed' (the run's precision) "
+                f"or '32-true', got {precision!r}"
+            )
+        if accumulate != 1:
+            raise SpriteUsageError(
+                f"the BF16 arms take no accumulate= (got {accumulate}): criterion v2 trains one shard per rank "
+                "and step, and loss/N accumulation would change BF16 backward rounding"
+            )
+        if strategy is not None and arm not in DISTRIBUTED_ARMS:
+            raise SpriteUsageError(f"strategy= applies to the ddp and fsdp arms, not {arm!r}")
+        n = self.world.size
+        ran = FP32_PRECISION if arm == "ref32" else BF16_PRECISION
+        if arm in DISTRIBUTED_ARMS and n < 2:
+            raise SpriteUsageError(
+                f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n) with n >= 2; this test runs "
+                f"on {n} process"
+            )
+        global_batch = self._check_run(
+            "ddp" if arm in DISTRIBUTED_ARMS else "single", steps, clip, global_batch, 1, None, strategy, ran
+        )
+        if global_batch % n:
+            raise SpriteUsageError(
+                f"global_batch={global_batch} must be a multiple of the world size {n}: every BF16 arm trains "
+                f"(or, on one device, emulates) the {n} rank shards"
+            )
+        if fault is not None:
+            site = PlantSite(
+                arm=arm,
+                rank=self.world.rank,
+                world_size=n if arm in DISTRIBUTED_ARMS else 1,
+                accumulate=1,
+                precision=ran,
+            )
+            get_fault(fault).check(site)
+        rows = self.rows(steps=steps, global_batch=global_batch)
+        identity = self._identity(rows.digest, steps, global_batch, clip)
+        from pytest_sprite.recipes import _bf16_arm
+
+        plan = _bf16_arm.Bf16Plan(arm=arm, identity=identity, precision=ran, fault=fault, shards=n)
+        target = None
+        if self.artifacts is not None:
+            target = self.world.run_on_rank(0, self.artifacts.next_arm_dir, arm=arm, fault=fault)
+        model = self.build_model()
+        sites = _bf16_arm.Bf16Sites(
+            linear=model.linear_sites(), backbone=model.backbone_name, adapters=model.adapter_tensors()
+        )
+        start = perf_counter()
+        if arm in DISTRIBUTED_ARMS:
+            record = _bf16_arm.run_bf16_distributed(
+                plan, net=model, rows=rows, world=self.world, sites=sites, strategy=strategy
+            )
+        else:
+            record = self.world.run_on_rank(
+                0,
+                lambda: _bf16_arm.run_bf16_single(plan, net=model, rows=rows, world=self.world, sites=sites),
+            )
+        elapsed = self.world.broadcast_object(perf_counter() - start)
+        record = dataclasses.replace(record, wall_s=elapsed)
+        if self.artifacts is not None and target is not None:
+            self.world.run_on_rank(0, self.artifacts.write, target, record)
+        self.records.append(record)
+        return record
+
+    def _identity(self, rows_digest: str, steps: int, global_batch: int, clip: float) -> RecipeIdentity:
+        return RecipeIdentity(
+            model=self.model_id,
+            seed=self.seed,
+            rows=steps * global_batch,
+            rows_digest=rows_digest,
+            seq_len=self.seq_len,
+            steps=steps,
+            global_batch=global_batch,
+            lr=self.lr,
+            clip=float(clip),
+        )
+
     def _check_run(
         self,
         arm: str,
@@ -167,10 +322,14 @@ class LoraQwen:
         accumulate: int,
         fault: str | None,
         strategy: Strategy | None,
+        precision: str,
     ) -> int:
         """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
         if arm not in ARMS:
-            raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+            raise SpriteUsageError(
+                f"unknown arm {arm!r}; arms: {', '.join(ARMS)} (FP32 parity) and {', '.join(BF16_ARMS)} "
+                "(BF16 criterion v2, precision='bf16-mixed')"
+            )
         for name, value in (("steps", steps), ("accumulate", accumulate)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
@@ -188,7 +347,9 @@ class LoraQwen:
                 f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
             )
         if fault is not None:
-            site = PlantSite(arm=arm, rank=self.world.rank, world_size=ranks, accumulate=accumulate)
+            site = PlantSite(
+                arm=arm, rank=self.world.rank, world_size=ranks, accumulate=accumulate, precision=precision
+            )
             get_fault(fault).check(site)
         if arm in DISTRIBUTED_ARMS and not self.world.distributed:
             raise SpriteUsageError(
@@ -210,3 +371,8 @@ class LoraQwen:
                 )
             self._used_strategies.add(strategy)
         return global_batch
+
+
+def _is_bf16(precision: object) -> bool:
+    """Whether ``precision`` names bf16-mixed, in any of Lightning's spellings ("bf16-mixed", "bf16")."""
+    return isinstance(precision, str) and precision.strip().lower() in ("bf16-mixed", "bf16")
