@@ -14,27 +14,27 @@ from __future__ import annotations
 
 import copy
 import os
-import weakref
 from typing import TYPE_CHECKING, Any
 
-from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import PlantSite, get_fault
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
-from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
+from pytest_sprite.recipes.recipe import Recipe
+from pytest_sprite.records import ArmRecord
 
 if TYPE_CHECKING:
+    import torch
     from lightning.pytorch.strategies import Strategy
 
     from pytest_sprite.recipes._model import LoraQwenClassifier, Rows
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.world import World
 
-__all__ = ["LoraQwen"]
+__all__ = ["LoraQwen", "lora_loss"]
 
 
 class LoraQwen:
-    """The ``lora_qwen`` fixture's object: the recipe's model and rows, and ``run(arm)`` to train one arm.
+    """The ``lora_qwen`` fixture's object: the shipped :class:`Recipe` bound to the test's world, with its
+    model and rows, and ``run(arm)`` to train one arm (through ``Recipe``'s code, as a project's own model).
 
     Every rank of a test builds the same model from the same seed; each arm trains a fresh copy.
     """
@@ -65,7 +65,7 @@ class LoraQwen:
         self._model_id = ""
         self.records: list[ArmRecord] = []
         """Every record this object produced, in order (for reports)."""
-        self._used_strategies: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._recipe: Recipe | None = None
 
     def build_model(self) -> LoraQwenClassifier:
         """A fresh copy of the recipe's model (CPU, FP32, seeded), identical on every rank and every call."""
@@ -111,102 +111,52 @@ class LoraQwen:
         ``strategy`` when given (a fresh Lightning strategy object per call). The default global batch is
         2 x the test's world size; each optimizer step trains ``accumulate`` micro-batches per rank.
         """
-        global_batch = self._check_run(arm, steps, clip, global_batch, accumulate, fault, strategy)
-        rows = self.rows(steps=steps, global_batch=global_batch)
-        identity = RecipeIdentity(
-            model=self.model_id,
-            seed=self.seed,
-            rows=steps * global_batch,
-            rows_digest=rows.digest,
-            seq_len=self.seq_len,
-            steps=steps,
-            global_batch=global_batch,
-            lr=self.lr,
-            clip=float(clip),
-        )
-        from pytest_sprite.recipes import _arm
+        from pytest_sprite.recipes.recipe import run_recipe
 
-        plan = _arm.ArmPlan(
+        record = run_recipe(
+            self.recipe,
+            world=self.world,
             arm=arm,
-            identity=identity,
             precision=precision,
+            steps=steps,
+            clip=clip,
+            global_batch=global_batch,
             accumulate=accumulate,
             fault=fault,
+            strategy=strategy,
+            artifacts=self.artifacts,
+            model_id=self.model_id,
+            seq_len=self.seq_len,
         )
-        target = None
-        if self.artifacts is not None:
-            target = self.world.run_on_rank(
-                0, self.artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault
-            )
-        start = perf_counter()
-        if arm == "single":
-            record = self.world.run_on_rank(
-                0,
-                lambda: _arm.run_single(
-                    plan, model=self.build_model(), rows=rows, world=self.world, strategy=strategy
-                ),
-            )
-        else:
-            record = _arm.run_distributed(
-                plan, model=self.build_model(), rows=rows, world=self.world, strategy=strategy
-            )
-        # Rank 0's wall time, so the record stays identical on every rank.
-        elapsed = self.world.broadcast_object(perf_counter() - start)
-        record = _arm.with_wall_time(record, elapsed)
-        if self.artifacts is not None and target is not None:
-            self.world.run_on_rank(0, self.artifacts.write, target, record)
         self.records.append(record)
         return record
 
-    def _check_run(
-        self,
-        arm: str,
-        steps: int,
-        clip: float,
-        global_batch: int | None,
-        accumulate: int,
-        fault: str | None,
-        strategy: Strategy | None,
-    ) -> int:
-        """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
-        if arm not in ARMS:
-            raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
-        for name, value in (("steps", steps), ("accumulate", accumulate)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
-        if not isinstance(clip, (int, float)) or not clip > 0:
-            raise SpriteUsageError(
-                f"clip must be a positive number, got {clip!r}; the recipe needs an active global-norm clip"
+    @property
+    def recipe(self) -> Recipe:
+        """This object as a :class:`Recipe`: the shipped recipe, run through the same code as a project's own."""
+        if self._recipe is None:
+            self._recipe = Recipe(
+                name="lora_qwen",
+                model=self.build_model,
+                rows=self._recipe_rows,
+                loss=lora_loss,
+                backbone="backbone",
+                seed=self.seed,
+                lr=self.lr,
             )
-        world_size = self.world.size
-        if global_batch is None:
-            global_batch = 2 * world_size
-        ranks = 1 if arm == "single" else world_size
-        if not isinstance(global_batch, int) or global_batch < 1 or global_batch % (ranks * accumulate):
-            raise SpriteUsageError(
-                f"global_batch={global_batch!r} must be a positive multiple of ranks x accumulate = "
-                f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
-            )
-        if fault is not None:
-            site = PlantSite(arm=arm, rank=self.world.rank, world_size=ranks, accumulate=accumulate)
-            get_fault(fault).check(site)
-        if arm in DISTRIBUTED_ARMS and not self.world.distributed:
-            raise SpriteUsageError(
-                f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "
-                "process without a process group"
-            )
-        if strategy is not None:
-            from lightning.pytorch.strategies import Strategy
+        return self._recipe
 
-            if not isinstance(strategy, Strategy):
-                raise SpriteUsageError(
-                    f"strategy= must be a Lightning Strategy object, got {type(strategy).__name__}; "
-                    "pass for example MyDDPStrategy() (a fresh object per run)"
-                )
-            if strategy in self._used_strategies:
-                raise SpriteUsageError(
-                    f"strategy= got a {type(strategy).__name__} object that an earlier arm already ran with; "
-                    "Lightning strategies keep state from their fit, so pass a fresh object per run"
-                )
-            self._used_strategies.add(strategy)
-        return global_batch
+    def _recipe_rows(self, n: int) -> list[dict[str, Any]]:
+        vocab = self._pristine().vocab_size
+        from pytest_sprite.recipes._model import make_rows
+
+        rows = make_rows(seed=self.seed, rows=n, seq_len=self.seq_len, vocab_size=vocab)
+        return [{"input_ids": rows.input_ids[i], "labels": rows.labels[i]} for i in range(n)]
+
+
+def lora_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the classifier's logits (taken in FP32) over the batch's rows."""
+    import torch.nn.functional as F
+
+    logits = model(batch["input_ids"])
+    return F.cross_entropy(logits.float(), batch["labels"])
