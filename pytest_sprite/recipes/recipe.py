@@ -101,6 +101,12 @@ class Recipe:
             value = getattr(self, field_name)
             if not callable(value):
                 problems.append(f"{field_name} must be {what}, got {_describe(value)}")
+            elif field_name == "model" and not isinstance(value, type) and hasattr(value, "named_parameters"):
+                # A module instance is callable too, but every arm must train a fresh copy built after seeding.
+                problems.append(
+                    f"model must be {what}, got a built {type(value).__name__} instance; pass its class "
+                    f"(model={type(value).__name__}) or a function that builds one"
+                )
         if self.shard is not None and not callable(self.shard):
             problems.append(
                 f"shard must be a callable shard(model, mesh) or None, got {_describe(self.shard)}"
