@@ -11,12 +11,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "CRITERION_CHECKS",
     "FAULTS",
     "PARITY_CHECKS",
     "ArmParity",
     "ArmRecord",
     "ArtifactExistsError",
     "AssertionFailure",
+    "Bf16ArmRecord",
+    "CriterionError",
+    "CriterionRefused",
+    "CriterionResult",
     "FailedCheck",
     "Fault",
     "FaultNotRejected",
@@ -32,6 +37,7 @@ __all__ = [
     "SpriteError",
     "SpriteUsageError",
     "World",
+    "assert_criterion_v2",
     "assert_parity",
     "collected",
     "data_parallel_mesh",
@@ -45,6 +51,11 @@ _LAZY = {
     "ArmRecord": "pytest_sprite.records",
     "ArtifactExistsError": "pytest_sprite.recipes.artifacts",
     "AssertionFailure": "pytest_sprite.assertions._evidence",
+    "Bf16ArmRecord": "pytest_sprite.records",
+    "CRITERION_CHECKS": "pytest_sprite.assertions.criterion_v2",
+    "CriterionError": "pytest_sprite.assertions.criterion_v2",
+    "CriterionRefused": "pytest_sprite.assertions.criterion_v2",
+    "CriterionResult": "pytest_sprite.assertions.criterion_v2",
     "FAULTS": "pytest_sprite.faults",
     "FailedCheck": "pytest_sprite.assertions._evidence",
     "Fault": "pytest_sprite.faults",
@@ -62,6 +73,7 @@ _LAZY = {
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
     "World": "pytest_sprite.world",
+    "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
     "assert_parity": "pytest_sprite.assertions.parity",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
@@ -74,6 +86,13 @@ _LAZY = {
 if TYPE_CHECKING:
     from ._collected import collected
     from .assertions._evidence import AssertionFailure, FailedCheck
+    from .assertions.criterion_v2 import (
+        CRITERION_CHECKS,
+        CriterionError,
+        CriterionRefused,
+        CriterionResult,
+        assert_criterion_v2,
+    )
     from .assertions.faults import FaultNotRejected, FaultRejection, expect_fault_rejected
     from .assertions.parity import (
         PARITY_CHECKS,
@@ -89,7 +108,7 @@ if TYPE_CHECKING:
     from .recipes.lora_qwen import LoraQwen
     from .recipes.mesh import data_parallel_mesh
     from .recipes.recipe import Recipe
-    from .records import ArmRecord, RecipeIdentity, tensor_digest
+    from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
     from .world import World
 
 

@@ -9,8 +9,8 @@ assertions import this module, and it imports neither (nor torch at import time)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_sprite.errors import SpriteUsageError
@@ -33,6 +33,8 @@ class PlantSite:
     """Ranks the arm trains on."""
     accumulate: int
     """Micro-batches per optimizer step."""
+    precision: str | None = None
+    """The arm's Lightning precision flag, when the arm says (faults of one precision's check refuse others)."""
 
 
 class Planter:
@@ -41,7 +43,9 @@ class Planter:
     The hooks, in the order a training step reaches them (an arm calls every hook it has a point for):
 
     - :meth:`check`: before anything trains, refuse a run the fault cannot be planted in;
-    - :meth:`forward_context`: around the model's forward (e.g. leave the precision plugin's autocast);
+    - :meth:`unsynchronized`: before the strategy wraps the model, trainables to leave out of gradient sync;
+    - :meth:`forward_context`: around the model's forward (the BF16 arms: around the recipe's backbone) (e.g.
+      leave the precision plugin's autocast);
     - :meth:`loss`: this rank's micro-batch loss, before backward;
     - :meth:`gradients`: after the gradients are synchronized across ranks, before clipping;
     - :meth:`skip_step`: whether this rank skips the optimizer step;
@@ -50,6 +54,10 @@ class Planter:
 
     def check(self, site: PlantSite) -> None:
         """Raise :class:`SpriteUsageError` if the fault cannot be planted in this run."""
+
+    def unsynchronized(self, candidates: Sequence[str], site: PlantSite) -> tuple[str, ...]:
+        """Trainables (of the recipe's ``candidates``) the strategy must leave out of gradient synchronization."""
+        return ()
 
     def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
         """A context the model's forward runs in, inside the precision plugin's own."""
@@ -74,7 +82,7 @@ class Planter:
         return tuple(h for h in _HOOKS if getattr(type(self), h) is not getattr(Planter, h))
 
 
-_HOOKS: Final = ("forward_context", "loss", "gradients", "skip_step", "after_restore")
+_HOOKS: Final = ("unsynchronized", "forward_context", "loss", "gradients", "skip_step", "after_restore")
 
 CLEAN: Final = Planter()
 """The planter of a clean arm: every hook leaves the run as it is."""
@@ -114,6 +122,51 @@ class _SumMicroBatches(_LossScale):
         return float(site.accumulate)
 
 
+class _Bf16Only(Planter):
+    """A control of the BF16 criterion v2: it only means something in a bf16-mixed arm."""
+
+    name = ""
+
+    def check(self, site: PlantSite) -> None:
+        if site.precision is not None and site.precision != "bf16-mixed":
+            raise SpriteUsageError(
+                f"fault {self.name!r} is a control of the BF16 criterion v2 and needs precision='bf16-mixed', "
+                f"the {site.arm!r} arm runs {site.precision!r}"
+            )
+
+
+class _Fp32Backbone(_Bf16Only):
+    name = "fp32-backbone"
+
+    def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        import torch
+
+        return torch.autocast(device_type=device_type, enabled=False)
+
+
+class _LocalAdapter(_Bf16Only):
+    name = "local-adapter"
+
+    def unsynchronized(self, candidates: Sequence[str], site: PlantSite) -> tuple[str, ...]:
+        return tuple(candidates[:1])
+
+
+class _ScaleGrad(_Bf16Only):
+    name = "scale-grad"
+
+    def gradients(self, named_parameters: Sequence[tuple[str, torch.nn.Parameter]], site: PlantSite) -> None:
+        for _, p in named_parameters:
+            if p.grad is not None:
+                p.grad.mul_(site.world_size)
+
+
+class _SkipLastUpdate(_Bf16Only):
+    name = "skip-update"
+
+    def skip_step(self, step: int, steps: int, site: PlantSite) -> bool:
+        return site.rank != 0 and step == steps - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class Fault:
     """One fault: what it breaks, the arms it may be planted on, the checks that must reject it, its planter."""
@@ -128,6 +181,12 @@ class Fault:
     """Checks that must be among the failed ones (``expect_fault_rejected``'s default ``by=``)."""
     planter: Planter
     """What plants it: the hooks the arms call."""
+    by_assertion: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Per assertion kind (``criterion_v2``), the checks that reject it there when they differ from ``by``."""
+
+    def checks_for(self, kind: str | None) -> tuple[str, ...]:
+        """The checks that must reject this fault in an assertion of ``kind`` (its result's ``kind``)."""
+        return self.by_assertion.get(kind or "", self.by)
 
     def check(self, site: PlantSite) -> None:
         """Refuse, before training, an arm the fault is not for, or a run its planter cannot break."""
@@ -148,6 +207,7 @@ FAULTS: Final[dict[str, Fault]] = {
             arms=("ddp", "fsdp"),
             by=("pre_norm",),
             planter=_DropLastRank(),
+            by_assertion={"criterion_v2": ("pre_norm", "gradients")},
         ),
         Fault(
             name="wrong-scale",
@@ -155,6 +215,7 @@ FAULTS: Final[dict[str, Fault]] = {
             arms=("ddp", "fsdp"),
             by=("pre_norm",),
             planter=_SumOverRanks(),
+            by_assertion={"criterion_v2": ("pre_norm", "gradients")},
         ),
         Fault(
             name="accumulate-sum",
@@ -165,15 +226,39 @@ FAULTS: Final[dict[str, Fault]] = {
             by=("pre_norm",),
             planter=_SumMicroBatches(),
         ),
+        Fault(
+            name="fp32-backbone",
+            description="the backbone's forward runs without autocast, so its Linear layers compute in FP32",
+            arms=("ddp",),
+            by=("dtype",),
+            planter=_Fp32Backbone(),
+        ),
+        Fault(
+            name="local-adapter",
+            description="one LoRA tensor is left out of DDP, so it keeps its local, unsynchronized gradient",
+            arms=("ddp",),
+            by=("synchronized",),
+            planter=_LocalAdapter(),
+        ),
+        Fault(
+            name="scale-grad",
+            description="gradients are multiplied by N (the world size) after synchronization",
+            arms=("ddp",),
+            by=("pre_norm", "gradients"),
+            planter=_ScaleGrad(),
+        ),
+        Fault(
+            name="skip-update",
+            description="ranks other than 0 skip the last update",
+            arms=("ddp",),
+            by=("synchronized",),
+            planter=_SkipLastUpdate(),
+        ),
     )
 }
 """Every fault pytest-sprite plants, by name."""
 
 _RESERVED: Final = {
-    "fp32-backbone": "the BF16 criterion v2",
-    "local-adapter": "the BF16 criterion v2",
-    "scale-grad": "the BF16 criterion v2",
-    "skip-update": "the BF16 criterion v2",
     "dropped-optimizer-state": "the checkpoint resume check",
     "reset-lr-scheduler": "the checkpoint resume check",
     "perturbed-weight": "the checkpoint resume check",

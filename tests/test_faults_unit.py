@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_sprite import (
+    CRITERION_CHECKS,
     FAULTS,
     PARITY_CHECKS,
     AssertionFailure,
@@ -18,12 +19,8 @@ from pytest_sprite.faults import CLEAN, Planter, PlantSite, get_fault, plant
 
 pytestmark = pytest.mark.cpu
 
-KNOWN = "missing-rank, wrong-scale, accumulate-sum"
+KNOWN = "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update"
 RESERVED = (
-    "fp32-backbone",
-    "local-adapter",
-    "scale-grad",
-    "skip-update",
     "dropped-optimizer-state",
     "reset-lr-scheduler",
     "perturbed-weight",
@@ -127,10 +124,11 @@ def test_unknown_fault_lists_the_known_ones() -> None:
 
 def test_unknown_check_in_by_lists_the_known_checks() -> None:
     with pytest.raises(SpriteUsageError) as exc:
-        expect_fault_rejected("missing-rank", by="gradients")
+        expect_fault_rejected("missing-rank", by="gradient")
     assert str(exc.value) == (
-        "expect_fault_rejected('missing-rank', by='gradients'): unknown check 'gradients'; known checks: "
-        "initial, rows, pre_norm, post_norm, update, frozen, synchronized"
+        "expect_fault_rejected('missing-rank', by='gradient'): unknown check 'gradient'; known checks: "
+        "initial, rows, pre_norm, post_norm, update, frozen, synchronized, metadata, steps, comm, clip, grads, "
+        "dtype, gradients, tensor_updates, gate"
     )
 
 
@@ -156,7 +154,9 @@ def test_every_registered_fault_has_a_planter_and_known_checks(name: str) -> Non
     assert fault.name == name and fault.description and fault.arms
     assert isinstance(fault.planter, Planter) and fault.planter is not CLEAN
     assert fault.planter.hooks(), f"{name}'s planter overrides no hook, so planting it changes nothing"
-    assert fault.by and set(fault.by) <= set(PARITY_CHECKS)
+    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(CRITERION_CHECKS)
+    for kind, checks in fault.by_assertion.items():
+        assert kind == "criterion_v2" and checks and set(checks) <= set(CRITERION_CHECKS)
     assert CLEAN.hooks() == ()
 
 
@@ -196,3 +196,71 @@ def test_importing_the_assertions_and_recipes_loads_no_torch() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+class _Result:
+    kind = "criterion_v2"
+
+
+def test_by_defaults_to_the_registry_checks_of_the_assertion_that_failed() -> None:
+    """missing-rank needs pre_norm in assert_parity, pre_norm and gradients in assert_criterion_v2."""
+    exc = AssertionFailure(
+        "TABLE",
+        failed=(
+            FailedCheck(arm="ddp (fault missing-rank)", check="pre_norm", fault="missing-rank", detail=""),
+        ),
+        result=_Result(),
+    )
+    with pytest.raises(FaultNotRejected, match="by= requires gradients among them"):
+        with expect_fault_rejected("missing-rank"):
+            raise exc
+    with expect_fault_rejected("missing-rank", by="pre_norm") as rejection:
+        raise exc
+    assert rejection.evidence.checks == ("pre_norm",)
+    assert FAULTS["missing-rank"].checks_for("criterion_v2") == ("pre_norm", "gradients")
+    assert FAULTS["missing-rank"].checks_for("parity") == FAULTS["missing-rank"].by == ("pre_norm",)
+
+
+@pytest.mark.parametrize(
+    ("name", "by"),
+    [
+        ("fp32-backbone", ("dtype",)),
+        ("local-adapter", ("synchronized",)),
+        ("scale-grad", ("pre_norm", "gradients")),
+        ("skip-update", ("synchronized",)),
+    ],
+)
+def test_the_ddp_only_controls_are_bf16_criterion_faults(name: str, by: tuple[str, ...]) -> None:
+    fault = FAULTS[name]
+    assert fault.arms == ("ddp",) and fault.by == by
+    bf16 = PlantSite(arm="ddp", rank=0, world_size=2, accumulate=1, precision="bf16-mixed")
+    assert plant(name, bf16) is fault.planter
+    with pytest.raises(SpriteUsageError) as exc:
+        plant(name, PlantSite(arm="ddp", rank=0, world_size=2, accumulate=1, precision="32-true"))
+    assert str(exc.value) == (
+        f"fault {name!r} is a control of the BF16 criterion v2 and needs precision='bf16-mixed', "
+        "the 'ddp' arm runs '32-true'"
+    )
+    with pytest.raises(SpriteUsageError, match=f"fault {name!r} applies to arms ddp, not 'fsdp'"):
+        plant(name, PlantSite(arm="fsdp", rank=0, world_size=2, accumulate=1, precision="bf16-mixed"))
+
+
+def test_the_ddp_only_planters_act_where_the_seed_says() -> None:
+    torch = pytest.importorskip("torch")
+
+    def site(rank: int) -> PlantSite:
+        return PlantSite(arm="ddp", rank=rank, world_size=4, accumulate=1, precision="bf16-mixed")
+
+    skip = FAULTS["skip-update"].planter
+    skipped = {(r, s) for r in (0, 1, 3) for s in (3, 4) if skip.skip_step(s, 5, site(r))}
+    assert skipped == {(1, 4), (3, 4)}  # ranks other than 0, the last update only
+    assert FAULTS["local-adapter"].planter.unsynchronized(("a.lora_A", "a.lora_B"), site(1)) == ("a.lora_A",)
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 0.5)
+    FAULTS["scale-grad"].planter.gradients([("w", p)], site(2))
+    assert torch.equal(p.grad, torch.full((3,), 2.0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with FAULTS["fp32-backbone"].planter.forward_context(site(0), "cpu"):
+            assert not torch.is_autocast_enabled("cpu")
+            assert torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.float32
+        assert torch.nn.functional.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == torch.bfloat16

@@ -193,10 +193,37 @@ def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
         ("single", {"fault": "missing_rank"}, "unknown fault 'missing_rank'; known faults: missing-rank, "),
         ("single", {"fault": "missing-rank"}, "fault 'missing-rank' applies to arms ddp, fsdp, not 'single'"),
         (
-            "ddp",
-            {"fault": "skip-update"},
-            "fault 'skip-update' is reserved for the BF16 criterion v2 and not planted by this version; "
-            "faults it plants: missing-rank, wrong-scale, accumulate-sum",
+            "single",
+            {"fault": "perturbed-weight"},
+            "fault 'perturbed-weight' is reserved for the checkpoint resume check and not planted by this "
+            "version; faults it plants: missing-rank, wrong-scale, accumulate-sum, fp32-backbone, ",
+        ),
+        (
+            "single",
+            {"fault": "scale-grad"},
+            "fault 'scale-grad' applies to arms ddp, not 'single'",
+        ),
+        (
+            "ref",
+            {"precision": "32-true"},
+            "arm 'ref' is a BF16 arm of criterion v2 and runs precision='bf16-mixed'",
+        ),
+        ("ref32", {"precision": "16-mixed"}, "arm 'ref32' is criterion v2's FP32 reference"),
+        ("split", {"precision": "bf16-mixed", "accumulate": 2}, "the BF16 arms take no accumulate= (got 2)"),
+        (
+            "ref",
+            {"precision": "bf16-mixed", "fault": "missing-rank"},
+            "fault 'missing-rank' applies to arms ddp, fsdp, not 'ref'",
+        ),
+        (
+            "fsdp",
+            {"precision": "bf16-mixed"},
+            "arm 'fsdp' needs the ranks of a test marked @pytest.mark.ranks(n) with n >= 2",
+        ),
+        (
+            "split_premul",
+            {"precision": "bf16-mixed", "strategy": object()},
+            "strategy= applies to the ddp and fsdp arms, not 'split_premul'",
         ),
         (
             "ddp",
@@ -341,3 +368,43 @@ def test_fixture_reads_qwen_path_and_artifacts_from_the_ini(
         """
     )
     pytester.runpytest_inprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_bf16_single_device_arms_record_every_step(world: Any, tmp_path: Path) -> None:
+    """In a world of one the split arms hold one shard: they reproduce ref bit for bit, and ref32 is FP32."""
+    from pytest_sprite import Bf16ArmRecord
+
+    recipe = LoraQwen(world=world, artifacts=ArtifactDir.for_test(tmp_path, "t"))
+    arms = {
+        a: recipe.run(a, precision="bf16-mixed", steps=2) for a in ("ref32", "ref", "split", "split_premul")
+    }
+    sites = recipe.build_model().linear_sites()
+    assert len(sites) == 2 * 15 + 1  # per layer q/k/v/o, their LoRA A and B, the MLP's three; the head
+    for name, rec in arms.items():
+        assert (
+            isinstance(rec, Bf16ArmRecord) and rec.world_size == 1 and rec.shards == 1 and len(rec.steps) == 2
+        )
+        assert rec.precision == ("32-true" if name == "ref32" else "bf16-mixed") and not rec.tf32
+        for step in rec.steps:
+            (rank,) = step.ranks
+            assert {c.site for c in rank.linear} == set(sites) and len(rank.linear) == len(sites)
+            want = "torch.float32" if name == "ref32" else "torch.bfloat16"
+            assert {(c.output_dtype, c.param_dtype, c.autocast) for c in rank.linear} == {
+                (want, "torch.float32", name != "ref32")
+            }
+            assert rank.pre_clip_norm > rec.recipe.clip
+            assert rank.post_clip_norm == pytest.approx(rec.recipe.clip, rel=1e-4)
+            assert set(rank.grad_dtypes.values()) == {"torch.float32"} and rank.grad_nonfinite == ()
+        assert arms["ref32"].steps[0].rows == ((0, 1),) and rec.steps[1].rows == ((2, 3),)
+    for name in ("split", "split_premul"):  # one shard, unscaled: the same forward and backward as ref
+        for mine, ref in zip(arms[name].steps, arms["ref"].steps, strict=True):
+            assert all(torch.equal(mine.grads[n], ref.grads[n]) for n in ref.grads)
+            assert all(torch.equal(mine.params[n], ref.params[n]) for n in ref.params)
+    assert not torch.equal(
+        arms["ref"].steps[0].grads["head.weight"], arms["ref32"].steps[0].grads["head.weight"]
+    )
+    loaded = load_arm_record(tmp_path / "t" / "03-split")
+    assert isinstance(loaded, Bf16ArmRecord) and loaded.summary() == arms["split"].summary()
+    grads = arms["split"].steps[1].grads
+    assert all(torch.equal(loaded.steps[1].grads[n], grads[n]) for n in grads)
+    assert loaded.steps[1].ranks == arms["split"].steps[1].ranks

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions.criterion_v2 import CRITERION_CHECKS
 from pytest_sprite.assertions.parity import PARITY_CHECKS
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import get_fault
@@ -54,7 +55,9 @@ class FaultRejection:
 class expect_fault_rejected:
     """Context manager: the block must fail an assertion because of ``fault``; ``by`` names required checks.
 
-    ``by=None`` requires the checks the registry lists for the fault (``pytest_sprite.faults.FAULTS``).
+    ``by=None`` requires the checks the registry lists for the fault (``pytest_sprite.faults.FAULTS``) in the
+    assertion that failed: ``missing-rank`` needs ``pre_norm`` in ``assert_parity`` and ``pre_norm`` and
+    ``gradients`` in ``assert_criterion_v2``.
 
     ``with expect_fault_rejected("missing-rank") as rejection: assert_parity(ref, faulted_arm)``.
     After the block, ``rejection.evidence`` holds the :class:`FaultRejection`. A block that passes fails
@@ -65,15 +68,22 @@ class expect_fault_rejected:
         entry = get_fault(fault)
         self.fault = entry.name
         self.description = entry.description
-        required = (by,) if isinstance(by, str) else tuple(by) if by is not None else entry.by
-        unknown = [c for c in required if c not in PARITY_CHECKS]
+        self._entry = entry
+        required = (by,) if isinstance(by, str) else tuple(by) if by is not None else None
+        known = tuple(dict.fromkeys((*PARITY_CHECKS, *CRITERION_CHECKS)))
+        unknown = [c for c in required or () if c not in known]
         if unknown:
             raise SpriteUsageError(
                 f"expect_fault_rejected({fault!r}, by={by!r}): unknown check {', '.join(map(repr, unknown))}; "
-                f"known checks: {', '.join(PARITY_CHECKS)}"
+                f"known checks: {', '.join(known)}"
             )
-        self.by = required
+        self._by = required
         self._evidence: FaultRejection | None = None
+
+    @property
+    def by(self) -> tuple[str, ...]:
+        """The checks required: ``by=`` as given, else the registry's for the assertion that failed (or the default)."""
+        return self._by if self._by is not None else self._entry.by
 
     @property
     def evidence(self) -> FaultRejection:
@@ -124,7 +134,13 @@ class expect_fault_rejected:
                 f'run the arm with fault="{self.fault}".\n\n{exc}'
             ) from exc
         checks = tuple(dict.fromkeys(f.check for f in on_fault))
-        missing = [c for c in self.by if c not in checks]
+        kind = getattr(exc.result, "kind", None)
+        required = (
+            self._by
+            if self._by is not None
+            else self._entry.checks_for(kind if isinstance(kind, str) else None)
+        )
+        missing = [c for c in required if c not in checks]
         if missing:
             raise FaultNotRejected(
                 f"fault {self.fault!r} was rejected by {', '.join(checks)}, but by= requires "

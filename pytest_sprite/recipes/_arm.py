@@ -12,7 +12,6 @@ unshuffled DistributedSampler would. A strategy that reports the wrong ranks the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import tempfile
@@ -40,7 +39,6 @@ __all__ = [
     "run_distributed",
     "run_single",
     "shard_batches",
-    "with_wall_time",
 ]
 
 
@@ -359,7 +357,13 @@ def _fit(
     kwargs = _lightning_kwargs(kind, world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
-    site = PlantSite(arm=plan.arm, rank=world.rank, world_size=world_size, accumulate=plan.accumulate)
+    site = PlantSite(
+        arm=plan.arm,
+        rank=world.rank,
+        world_size=world_size,
+        accumulate=plan.accumulate,
+        precision=plan.precision,
+    )
     module = _ArmModule(
         recipe=recipe,
         net=model,
@@ -501,8 +505,3 @@ def run_distributed(
         strategy=tensors[5],
     )
     return _record(plan, trace=shared, per_rank=per_rank, device_type=world.device.type)
-
-
-def with_wall_time(record: ArmRecord, seconds: float) -> ArmRecord:
-    """The record with its arm's wall time filled in."""
-    return dataclasses.replace(record, wall_s=seconds)

@@ -39,6 +39,32 @@ class LoraQwenClassifier(torch.nn.Module):
         logits: torch.Tensor = self.head(hidden[:, -1, :])
         return logits
 
+    backbone_name = "backbone"
+    """The module the fp32-backbone fault runs without autocast: everything but the head."""
+
+    def linear_sites(self) -> dict[str, str]:
+        """Every Linear module by name, with what it is: ``backbone``, ``lora_A``, ``lora_B`` or ``head``.
+
+        These are the sites the BF16 arms check for BF16 outputs, FP32 weights and autocast at every step
+        (361 on Qwen2.5-0.5B: per layer q/k/v/o, their LoRA A and B, and the MLP's three; plus the head).
+        """
+        sites: dict[str, str] = {}
+        for name, module in self.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                if name == "head":
+                    sites[name] = "head"
+                elif ".lora_A." in f"{name}.":
+                    sites[name] = "lora_A"
+                elif ".lora_B." in f"{name}.":
+                    sites[name] = "lora_B"
+                else:
+                    sites[name] = "backbone"
+        return sites
+
+    def adapter_tensors(self) -> tuple[str, ...]:
+        """The LoRA tensors (trainable parameter names), lora_A and lora_B in parameter order."""
+        return tuple(n for n, p in self.named_parameters() if p.requires_grad and ".lora_" in n)
+
     @property
     def vocab_size(self) -> int:
         """The backbone's vocabulary size (range of the row tokens)."""

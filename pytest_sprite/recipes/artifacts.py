@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pytest_sprite.errors import SpriteUsageError
 
 if TYPE_CHECKING:
-    from pytest_sprite.records import ArmRecord
+    from pytest_sprite.records import ArmRecord, Bf16ArmRecord
 
 __all__ = ["ArtifactDir", "ArtifactExistsError", "load_arm_record", "test_dir_name"]
 
@@ -66,7 +66,7 @@ class ArtifactDir:
             raise _exists(path)
         return path
 
-    def write(self, path: Path, record: ArmRecord) -> Path:
+    def write(self, path: Path, record: ArmRecord | Bf16ArmRecord) -> Path:
         """Create ``path`` (it must not exist) and write the record into it; return the directory."""
         import torch
 
@@ -89,17 +89,21 @@ def _exists(path: Path) -> ArtifactExistsError:
     )
 
 
-def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord:
+def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord | Bf16ArmRecord:
     """Read an arm record written under ``--sprite-artifacts`` (its directory or its ``record.pt``).
 
-    Records judged offline compare exactly as they did in the test: ``assert_parity(load_arm_record(a), ...)``.
+    Records judged offline compare exactly as they did in the test: ``assert_parity(load_arm_record(a), ...)``;
+    a BF16 arm's record comes back as a ``Bf16ArmRecord`` for ``assert_criterion_v2``.
     """
     import torch
 
-    from pytest_sprite.records import ArmRecord
+    from pytest_sprite.records import ArmRecord, Bf16ArmRecord
 
     p = Path(path)
     file = p / "record.pt" if p.is_dir() else p
     if not file.is_file():
         raise SpriteUsageError(f"no arm record at {file}; pass an arm directory under --sprite-artifacts")
-    return ArmRecord.from_dict(torch.load(file, map_location="cpu", weights_only=True))
+    data = torch.load(file, map_location="cpu", weights_only=True)
+    if isinstance(data, dict) and data.get("kind") == "bf16":
+        return Bf16ArmRecord.from_dict(data)
+    return ArmRecord.from_dict(data)

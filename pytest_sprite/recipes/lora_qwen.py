@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
 from pytest_sprite.recipes.recipe import Recipe
-from pytest_sprite.records import ArmRecord
+from pytest_sprite.records import ArmRecord, Bf16ArmRecord
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +63,7 @@ class LoraQwen:
         self.artifacts = artifacts
         self._model: LoraQwenClassifier | None = None
         self._model_id = ""
-        self.records: list[ArmRecord] = []
+        self.records: list[ArmRecord | Bf16ArmRecord] = []
         """Every record this object produced, in order (for reports)."""
         self._recipe: Recipe | None = None
 
@@ -92,6 +92,48 @@ class LoraQwen:
         vocab = self._pristine().vocab_size
         return make_rows(seed=self.seed, rows=steps * global_batch, seq_len=self.seq_len, vocab_size=vocab)
 
+    @overload
+    def run(
+        self,
+        arm: Literal["single"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord: ...
+
+    @overload
+    def run(
+        self,
+        arm: Literal["ref32", "ref", "split", "split_premul"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> Bf16ArmRecord: ...
+
+    @overload
+    def run(
+        self,
+        arm: str,
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord | Bf16ArmRecord: ...
+
     def run(
         self,
         arm: str,
@@ -103,13 +145,18 @@ class LoraQwen:
         accumulate: int = 1,
         fault: str | None = None,
         strategy: Strategy | None = None,
-    ) -> ArmRecord:
-        """Train one arm and return its record, the same on every rank.
+    ) -> ArmRecord | Bf16ArmRecord:
+        """Train one arm and return its record, the same on every rank (through :meth:`Recipe.run`'s code).
 
-        ``single`` trains the full global batch on one device (rank 0; the other ranks wait and receive the
-        record); ``ddp`` and ``fsdp`` run the code-under-test strategies on every rank of the test, or
-        ``strategy`` when given (a fresh Lightning strategy object per call). The default global batch is
-        2 x the test's world size; each optimizer step trains ``accumulate`` micro-batches per rank.
+        FP32 parity (``precision="32-true"``, an :class:`ArmRecord`): ``single`` trains the full global batch
+        on one device (rank 0; the other ranks wait and receive the record); ``ddp`` and ``fsdp`` run the
+        code-under-test strategies on every rank of the test, or ``strategy`` when given (a fresh Lightning
+        strategy object per call). The default global batch is 2 x the test's world size; each optimizer
+        step trains ``accumulate`` micro-batches per rank.
+
+        BF16 criterion v2 (``precision="bf16-mixed"``, a :class:`Bf16ArmRecord` for ``assert_criterion_v2``):
+        the arms ``ref32`` (FP32, TF32 off; it runs FP32 whatever the run's precision), ``ref``, ``split``
+        and ``split_premul`` on one device (rank 0, shared), and ``ddp`` and ``fsdp`` on every rank.
         """
         from pytest_sprite.recipes.recipe import run_recipe
 

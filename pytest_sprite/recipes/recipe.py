@@ -12,23 +12,36 @@ controller imports at collection. The model is built and the rows drawn only whe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import PlantSite, get_fault
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_STEPS
-from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
+from pytest_sprite.records import (
+    ARMS,
+    BF16_ARMS,
+    BF16_PRECISION,
+    BF16_SINGLE_DEVICE_ARMS,
+    DISTRIBUTED_ARMS,
+    FP32_PRECISION,
+    ArmRecord,
+    Bf16ArmRecord,
+    RecipeIdentity,
+)
 
 if TYPE_CHECKING:
     import torch
     from lightning.pytorch.strategies import Strategy
     from torch.distributed.device_mesh import DeviceMesh
 
+    from pytest_sprite.recipes._arm import ArmRecipe
+    from pytest_sprite.recipes._bf16_arm import Bf16Sites
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.world import World
 
@@ -131,23 +144,68 @@ class Recipe:
         if problems:
             raise SpriteUsageError("Recipe(...): " + "; ".join(problems))
 
+    @overload
+    def run(
+        self,
+        arm: Literal["single"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord: ...
+
+    @overload
+    def run(
+        self,
+        arm: Literal["ref32", "ref", "split", "split_premul"],
+        *,
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> Bf16ArmRecord: ...
+
+    @overload
     def run(
         self,
         arm: str,
         *,
-        precision: str = "32-true",
+        precision: str = ...,
+        steps: int = ...,
+        clip: float = ...,
+        global_batch: int | None = ...,
+        accumulate: int = ...,
+        fault: str | None = ...,
+        strategy: Strategy | None = ...,
+    ) -> ArmRecord | Bf16ArmRecord: ...
+
+    def run(
+        self,
+        arm: str,
+        *,
+        precision: str = FP32_PRECISION,
         steps: int = DEFAULT_STEPS,
         clip: float = DEFAULT_CLIP,
         global_batch: int | None = None,
         accumulate: int = 1,
         fault: str | None = None,
         strategy: Strategy | None = None,
-    ) -> ArmRecord:
+    ) -> ArmRecord | Bf16ArmRecord:
         """Train one arm of this recipe on the current test's ranks; the record is the same on every rank.
 
-        The arguments are ``lora_qwen.run``'s: ``single`` trains the whole global batch on one device
-        (rank 0), ``ddp`` and ``fsdp`` run the code-under-test strategies (or ``strategy``, a fresh
-        Lightning strategy object per call) on every rank. The default global batch is 2 x the world size.
+        The arguments are ``lora_qwen.run``'s. FP32 parity (``precision="32-true"``, an :class:`ArmRecord`):
+        ``single`` trains the whole global batch on one device (rank 0), ``ddp`` and ``fsdp`` run the
+        code-under-test strategies (or ``strategy``, a fresh Lightning strategy object per call) on every
+        rank; the default global batch is 2 x the world size. BF16 criterion v2 (``precision="bf16-mixed"``,
+        a :class:`Bf16ArmRecord`): ``ref32``, ``ref``, ``split`` and ``split_premul`` on one device, ``ddp``
+        and ``fsdp`` on every rank.
         """
         from pytest_sprite.world import current_world
 
@@ -401,7 +459,7 @@ def run_recipe(
     *,
     world: World,
     arm: str,
-    precision: str = "32-true",
+    precision: str = FP32_PRECISION,
     steps: int = DEFAULT_STEPS,
     clip: float = DEFAULT_CLIP,
     global_batch: int | None = None,
@@ -411,14 +469,24 @@ def run_recipe(
     artifacts: ArtifactDir | None = None,
     model_id: str | None = None,
     seq_len: int = 0,
-) -> ArmRecord:
+) -> ArmRecord | Bf16ArmRecord:
     """Train one arm of ``recipe`` on ``world`` and return its record, identical on every rank.
 
+    FP32 parity arms (single, ddp, fsdp at ``32-true``) give an :class:`ArmRecord`; criterion v2's arms
+    (ref32, ref, split, split_premul, and ddp/fsdp at ``bf16-mixed``) a :class:`Bf16ArmRecord`.
     ``model_id`` and ``seq_len`` name the model and the row length in the record's identity (``lora_qwen``
     gives its backbone's identity and its token count; a plain recipe gets its structure digest and 0).
     With ``artifacts`` rank 0 writes the record under it.
     """
-    global_batch = check_run(recipe, world, arm, steps, clip, global_batch, accumulate, fault, strategy)
+    bf16 = arm in BF16_ARMS and (arm in BF16_SINGLE_DEVICE_ARMS or is_bf16(precision))
+    if bf16:
+        global_batch = check_bf16_run(
+            recipe, world, arm, precision, steps, clip, global_batch, accumulate, fault, strategy
+        )
+    else:
+        global_batch = check_run(
+            recipe, world, arm, steps, clip, global_batch, accumulate, fault, strategy, precision
+        )
     data = draw_rows(recipe, steps * global_batch, world)
     probe = build_model(recipe)
     check_same_model_everywhere(recipe, probe, world)
@@ -435,34 +503,97 @@ def run_recipe(
         lr=float(recipe.lr),
         clip=float(clip),
     )
-    del probe
     from pytest_sprite.recipes import _arm
 
-    plan = _arm.ArmPlan(arm=arm, identity=identity, precision=precision, accumulate=accumulate, fault=fault)
     calls = _arm.ArmRecipe(
         name=recipe.name, loss=recipe.loss, shard=recipe.shard if recipe.shard is not None else default_shard
     )
+    if bf16:
+        sites = _bf16_sites(recipe, probe)
+    del probe
     target = None
     if artifacts is not None:
         target = world.run_on_rank(0, artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault)
     start = perf_counter()
-    if arm == "single":
-        record = world.run_on_rank(
-            0,
-            lambda: _arm.run_single(
-                plan, recipe=calls, model=build_model(recipe), rows=data.rows, world=world, strategy=strategy
-            ),
-        )
+    record: ArmRecord | Bf16ArmRecord
+    if bf16:
+        record = _run_bf16(recipe, calls, sites, world, arm, precision, identity, fault, strategy, data.rows)
     else:
-        record = _arm.run_distributed(
-            plan, recipe=calls, model=build_model(recipe), rows=data.rows, world=world, strategy=strategy
+        plan = _arm.ArmPlan(
+            arm=arm, identity=identity, precision=precision, accumulate=accumulate, fault=fault
         )
+        if arm == "single":
+            record = world.run_on_rank(
+                0,
+                lambda: _arm.run_single(
+                    plan,
+                    recipe=calls,
+                    model=build_model(recipe),
+                    rows=data.rows,
+                    world=world,
+                    strategy=strategy,
+                ),
+            )
+        else:
+            record = _arm.run_distributed(
+                plan, recipe=calls, model=build_model(recipe), rows=data.rows, world=world, strategy=strategy
+            )
     # Rank 0's wall time, so the record stays identical on every rank.
     elapsed = world.broadcast_object(perf_counter() - start)
-    record = _arm.with_wall_time(record, elapsed)
+    record = dataclasses.replace(record, wall_s=elapsed)
     if artifacts is not None and target is not None:
         world.run_on_rank(0, artifacts.write, target, record)
     return record
+
+
+def _bf16_sites(recipe: Recipe, model: torch.nn.Module) -> Bf16Sites:
+    """What criterion v2's arms need to know about the model, from the recipe (the backbone only if named)."""
+    from pytest_sprite.recipes._bf16_arm import Bf16Sites
+
+    return Bf16Sites(
+        linear=linear_sites(recipe, model),
+        backbone=recipe.backbone or "",
+        adapters=(adapter_tensor(recipe, model),),
+    )
+
+
+def _run_bf16(
+    recipe: Recipe,
+    calls: ArmRecipe,
+    sites: Bf16Sites,
+    world: World,
+    arm: str,
+    precision: str,
+    identity: RecipeIdentity,
+    fault: str | None,
+    strategy: Strategy | None,
+    rows: Sequence[Any],
+) -> Bf16ArmRecord:
+    from pytest_sprite.recipes import _bf16_arm
+
+    ran = FP32_PRECISION if arm == "ref32" else BF16_PRECISION
+    plan = _bf16_arm.Bf16Plan(arm=arm, identity=identity, precision=ran, fault=fault, shards=world.size)
+    if arm in DISTRIBUTED_ARMS:
+        return _bf16_arm.run_bf16_distributed(
+            plan,
+            recipe=calls,
+            net=build_model(recipe),
+            rows=rows,
+            world=world,
+            sites=sites,
+            strategy=strategy,
+        )
+    return world.run_on_rank(
+        0,
+        lambda: _bf16_arm.run_bf16_single(
+            plan, recipe=calls, net=build_model(recipe), rows=rows, world=world, sites=sites
+        ),
+    )
+
+
+def is_bf16(precision: object) -> bool:
+    """Whether ``precision`` names bf16-mixed, in any of Lightning's spellings ("bf16-mixed", "bf16")."""
+    return isinstance(precision, str) and precision.strip().lower() in ("bf16-mixed", "bf16")
 
 
 def check_run(
@@ -475,10 +606,14 @@ def check_run(
     accumulate: int,
     fault: str | None,
     strategy: Strategy | None,
+    precision: str,
 ) -> int:
     """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
     if arm not in ARMS:
-        raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+        raise SpriteUsageError(
+            f"unknown arm {arm!r}; arms: {', '.join(ARMS)} (FP32 parity) and {', '.join(BF16_ARMS)} "
+            "(BF16 criterion v2, precision='bf16-mixed')"
+        )
     for name, value in (("steps", steps), ("accumulate", accumulate)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
@@ -495,14 +630,10 @@ def check_run(
             f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
         )
     if fault is not None:
-        site = PlantSite(arm=arm, rank=world.rank, world_size=ranks, accumulate=accumulate)
-        get_fault(fault).check(site)
-        need = FAULT_NEEDS.get(fault)
-        if need is not None and getattr(recipe, need) is None:
-            raise SpriteUsageError(
-                f"fault {fault!r} needs the recipe's {need} module, and recipe {recipe.name!r} names none; "
-                f"pass Recipe({need}='<module name>') to plant it"
-            )
+        site = PlantSite(
+            arm=arm, rank=world.rank, world_size=ranks, accumulate=accumulate, precision=precision
+        )
+        _check_fault(recipe, fault, site)
     if arm in DISTRIBUTED_ARMS and not world.distributed:
         raise SpriteUsageError(
             f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "
@@ -523,3 +654,80 @@ def check_run(
             )
         _USED_STRATEGIES.add(strategy)
     return global_batch
+
+
+def check_bf16_run(
+    recipe: Recipe,
+    world: World,
+    arm: str,
+    precision: str,
+    steps: int,
+    clip: float,
+    global_batch: int | None,
+    accumulate: int,
+    fault: str | None,
+    strategy: Strategy | None,
+) -> int:
+    """Refuse bad arguments for one of criterion v2's arms; return the global batch to use."""
+    if arm != "ref32" and not is_bf16(precision):
+        raise SpriteUsageError(
+            f"arm {arm!r} is a BF16 arm of criterion v2 and runs precision='bf16-mixed', got {precision!r}; "
+            f'pass precision="bf16-mixed" (ref32 is its FP32 reference and runs FP32 either way)'
+        )
+    if arm == "ref32" and not (is_bf16(precision) or precision == FP32_PRECISION):
+        raise SpriteUsageError(
+            f"arm 'ref32' is criterion v2's FP32 reference; pass precision='bf16-mixed' (the run's precision) "
+            f"or '32-true', got {precision!r}"
+        )
+    if accumulate != 1:
+        raise SpriteUsageError(
+            f"the BF16 arms take no accumulate= (got {accumulate}): criterion v2 trains one shard per rank "
+            "and step, and loss/N accumulation would change BF16 backward rounding"
+        )
+    if strategy is not None and arm not in DISTRIBUTED_ARMS:
+        raise SpriteUsageError(f"strategy= applies to the ddp and fsdp arms, not {arm!r}")
+    n = world.size
+    ran = FP32_PRECISION if arm == "ref32" else BF16_PRECISION
+    if arm in DISTRIBUTED_ARMS and n < 2:
+        raise SpriteUsageError(
+            f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n) with n >= 2; this test runs "
+            f"on {n} process"
+        )
+    global_batch = check_run(
+        recipe,
+        world,
+        "ddp" if arm in DISTRIBUTED_ARMS else "single",
+        steps,
+        clip,
+        global_batch,
+        1,
+        None,
+        strategy,
+        ran,
+    )
+    if global_batch % n:
+        raise SpriteUsageError(
+            f"global_batch={global_batch} must be a multiple of the world size {n}: every BF16 arm trains "
+            f"(or, on one device, emulates) the {n} rank shards"
+        )
+    if fault is not None:
+        site = PlantSite(
+            arm=arm,
+            rank=world.rank,
+            world_size=n if arm in DISTRIBUTED_ARMS else 1,
+            accumulate=1,
+            precision=ran,
+        )
+        _check_fault(recipe, fault, site)
+    return global_batch
+
+
+def _check_fault(recipe: Recipe, fault: str, site: PlantSite) -> None:
+    """The registry's refusals, then the recipe's: a fault needing what the recipe lacks is refused by name."""
+    get_fault(fault).check(site)
+    need = FAULT_NEEDS.get(fault)
+    if need is not None and getattr(recipe, need) is None:
+        raise SpriteUsageError(
+            f"fault {fault!r} needs the recipe's {need} module, and recipe {recipe.name!r} names none; "
+            f"pass Recipe({need}='<module name>') to plant it"
+        )

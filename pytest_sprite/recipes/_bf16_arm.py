@@ -1,0 +1,635 @@
+"""The six BF16 arms of criterion v2 through real Lightning fits, recording every step on every rank.
+
+Loaded only when a BF16 arm runs (imports torch and Lightning at the top). ref32 and ref train the full
+global batch on one device (FP32 with TF32 off, and BF16 autocast); ddp and fsdp run the code-under-test
+strategies with automatic optimization, as users do. The split arms run on one device with manual
+optimization: each of the N strided DistributedSampler shards, in rank order, is a separate forward with
+its unscaled mean loss and a backward outside autocast; the FP32 shard gradients are summed in rank order
+and divided once by N (``split``) or each multiplied by 1/N before the sum (``split_premul``, as DDP's
+reducer does). No loss/N accumulation: that changes BF16 backward rounding. Clipping goes through the
+precision plugin's ``clip_gradients``, as automatic optimization's does.
+
+What is specific to the recipe comes in from ``Recipe.run``: its loss and FSDP2 units as an ``ArmRecipe``,
+and its model's Linear sites, backbone module and adapter tensor (local-adapter) as a :class:`Bf16Sites`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import Planter, PlantSite, plant
+from pytest_sprite.recipes._arm import (
+    ArmRecipe,
+    IndexedRows,
+    _fp32_numerics,
+    _full,
+    _lightning_kwargs,
+    _quiet_lightning,
+    check_loss,
+    collate_indexed,
+    shard_batches,
+)
+from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
+from pytest_sprite.records import (
+    BF16_SINGLE_DEVICE_ARMS,
+    Bf16ArmRecord,
+    CommConfig,
+    LinearCall,
+    RankStep,
+    RecipeIdentity,
+    StepRecord,
+    tensor_digest,
+)
+from pytest_sprite.world import World
+
+__all__ = ["Bf16Plan", "Bf16Sites", "run_bf16_distributed", "run_bf16_single"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bf16Sites:
+    """What the BF16 arms need to know about the recipe's model (module and parameter names under it)."""
+
+    linear: Mapping[str, str]
+    """Every Linear site: module name to ``backbone``, ``lora_A``, ``lora_B`` or ``head``."""
+    backbone: str
+    """Module a planter's ``forward_context`` wraps (the fp32-backbone fault runs it without autocast)."""
+    adapters: tuple[str, ...]
+    """Adapter tensors (trainable names) a planter may leave out of gradient synchronization (local-adapter)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bf16Plan:
+    """One BF16 arm: validated by the recipe before anything trains."""
+
+    arm: str
+    identity: RecipeIdentity
+    precision: str
+    fault: str | None
+    shards: int
+    """N: the test's world size, which ddp/fsdp run on and the split arms emulate."""
+
+
+@dataclass(kw_only=True)
+class _Trace:
+    """What one rank saw (mutable while the fit runs)."""
+
+    trainable_names: tuple[str, ...] = ()
+    frozen_names: tuple[str, ...] = ()
+    initial: dict[str, torch.Tensor] = field(default_factory=dict)
+    initial_digests: dict[str, str] = field(default_factory=dict)
+    comm: CommConfig = field(default_factory=lambda: CommConfig(strategy="none"))
+    strategy: str = ""
+    tf32: bool = False
+    rows: list[tuple[tuple[int, ...], ...]] = field(default_factory=list)
+    ranks: list[RankStep] = field(default_factory=list)
+    grads: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    params: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    pending: dict[str, Any] = field(default_factory=dict)
+    linear: dict[tuple[str, str, str, str, bool, str | None], int] = field(default_factory=dict)
+
+
+class _SGD(torch.optim.SGD):
+    """SGD that reports the post-clip norm before, and the parameters after, each update."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        *,
+        lr: float,
+        before: Callable[[], bool],
+        after: Callable[[], None],
+    ) -> None:
+        super().__init__(params, lr=lr)
+        self._before = before
+        self._after = after
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()  # Lightning's closure: forward, backward, then clipping
+        if self._before():
+            super().step()
+        self._after()
+        return loss
+
+
+class _Bf16Module(pl.LightningModule):
+    """One BF16 arm as a LightningModule that writes every step's observations into a :class:`_Trace`."""
+
+    def __init__(
+        self,
+        *,
+        recipe: ArmRecipe,
+        net: torch.nn.Module,
+        rows: Any,
+        plan: Bf16Plan,
+        sites: Bf16Sites,
+        kind: str,
+        rank: int,
+        world_size: int,
+        planter: Planter,
+        site: PlantSite,
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.trace = _Trace()
+        self._recipe = recipe
+        self._rows = rows
+        self._plan = plan
+        self._sites = sites
+        self._kind = kind
+        self._rank = rank
+        self._world_size = world_size
+        self._planter = planter
+        self._site = site
+        self._handles: list[Any] = []
+        self.automatic_optimization = kind not in ("split", "split_premul")
+
+    # --- setup ---------------------------------------------------------------------------------------
+
+    def _trainables(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
+
+    def _frozen(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.net.named_parameters() if not p.requires_grad]
+
+    def configure_model(self) -> None:
+        unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
+        if unsynchronized and self._kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            # a trainable DDP ignores keeps its local gradient: the bug local-adapter plants
+            ignore: Any = DistributedDataParallel._set_params_and_buffers_to_ignore_for_model
+            ignore(self, [f"net.{name}" for name in unsynchronized])
+        if self._kind != "fsdp":
+            return
+        mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())
+        names = tuple(mesh.mesh_dim_names or ())
+        self._recipe.shard(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
+
+    def _world(self) -> World:
+        from pytest_sprite.world import current_world
+
+        world = current_world()
+        if world is None:
+            raise RuntimeError("the fsdp arm needs the test's world")
+        return world
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        ident = self._plan.identity
+        if self._kind in ("ddp", "fsdp"):
+            kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
+            replicas, rank = int(kwargs.get("num_replicas", 1)), int(kwargs.get("rank", 0))
+            micro = ident.global_batch // self._plan.shards
+        else:  # one device reads each step's whole global batch in order; split arms cut it into shards
+            replicas, rank, micro = 1, 0, ident.global_batch
+        batches = shard_batches(
+            total_rows=len(self._rows), num_replicas=replicas, rank=rank, micro_batch=micro
+        )
+        return DataLoader(
+            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trainables = [p for _, p in self._trainables()]
+        return _SGD(
+            trainables, lr=self._plan.identity.lr, before=self._before_update, after=self._after_update
+        )
+
+    def on_train_start(self) -> None:
+        trainables, frozen = self._trainables(), self._frozen()
+        t = self.trace
+        t.trainable_names = tuple(n for n, _ in trainables)
+        t.frozen_names = tuple(n for n, _ in frozen)
+        values = _full_many([p.detach() for _, p in trainables + frozen])
+        full = {n: v.to("cpu", copy=True) for (n, _), v in zip(trainables, values, strict=False)}
+        t.initial = full if self._rank == 0 else {}
+        t.initial_digests = {
+            n: tensor_digest(v) for (n, _), v in zip(trainables + frozen, values, strict=True)
+        }
+        t.strategy = f"{type(self.trainer.strategy).__module__}.{type(self.trainer.strategy).__qualname__}"
+        t.comm = self._comm_config()
+        t.tf32 = (
+            bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+        )
+        self._install_hooks()
+
+    def on_train_end(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _comm_config(self) -> CommConfig:
+        if self._kind == "ddp":
+            ddp: Any = self.trainer.strategy.model
+            data = ddp._get_ddp_logging_data() if hasattr(ddp, "_get_ddp_logging_data") else {}
+            dtypes = {_ddp_dtype(d) for d in str(data.get("dtypes", "")).split(",") if d}
+            mp = getattr(ddp, "mixed_precision", None)
+            if mp is not None and getattr(mp, "reduce_dtype", None) is not None:
+                dtypes = {str(mp.reduce_dtype)}
+            hooks = [getattr(h, "__name__", repr(h)) for h, _ in getattr(ddp, "_comm_hooks", [])]
+            hook = data.get("comm_hook") or (hooks[0] if hooks else None)
+            return CommConfig(
+                strategy="ddp",
+                reducer_dtype=",".join(sorted(dtypes)) if dtypes else None,
+                comm_hook=str(hook) if hook else None,
+            )
+        if self._kind == "fsdp":
+            state = self.net._get_fsdp_state()  # type: ignore[operator]
+            mp = state._mp_policy
+            return CommConfig(
+                strategy="fsdp",
+                param_dtype=None if mp.param_dtype is None else str(mp.param_dtype),
+                reduce_dtype=None if mp.reduce_dtype is None else str(mp.reduce_dtype),
+            )
+        return CommConfig(strategy="none")
+
+    def _install_hooks(self) -> None:
+        modules = dict(self.net.named_modules())
+        missing = [s for s in self._sites.linear if s not in modules]
+        if missing:
+            raise SpriteUsageError(f"the recipe names Linear sites its model lacks: {', '.join(missing[:4])}")
+        device_type = self.device.type
+        for site, kind in self._sites.linear.items():
+            module = modules[site]
+
+            def hook(mod: torch.nn.Module, args: Any, out: Any, site: str = site, kind: str = kind) -> None:
+                weight = getattr(mod, "weight", None)
+                on = torch.is_autocast_enabled(device_type)
+                key = (
+                    site,
+                    kind,
+                    str(out.dtype),
+                    str(weight.dtype) if weight is not None else "none",
+                    on,
+                    str(torch.get_autocast_dtype(device_type)) if on else None,
+                )
+                self.trace.linear[key] = self.trace.linear.get(key, 0) + 1
+
+            self._handles.append(module.register_forward_hook(hook))
+        if "forward_context" in self._planter.hooks():
+            backbone = modules[self._sites.backbone]
+            contexts: list[Any] = []
+
+            def enter(mod: torch.nn.Module, args: Any) -> None:
+                ctx: Any = self._planter.forward_context(self._site, device_type)
+                ctx.__enter__()
+                contexts.append(ctx)
+
+            def leave(mod: torch.nn.Module, args: Any, out: Any) -> None:
+                contexts.pop().__exit__(None, None, None)
+
+            self._handles.append(backbone.register_forward_pre_hook(enter))
+            self._handles.append(backbone.register_forward_hook(leave))
+
+    # --- the step -------------------------------------------------------------------------------------
+
+    def _loss(self, batch: Any, rows: int) -> torch.Tensor:
+        loss = self._recipe.loss(self.net, batch)
+        check_loss(self._recipe, loss, rows)
+        return loss
+
+    def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor | None:
+        ids, data = batch
+        rows = tuple(int(i) for i in ids)
+        if self.automatic_optimization:
+            self.trace.pending["rows"] = rows
+            loss = self._loss(data, len(rows))
+            return self._planter.loss(loss, self._site)
+        self._split_step(rows)
+        return None
+
+    def _shard_batch(self, shard: tuple[int, ...]) -> Any:
+        """One emulated rank's batch: its rows collated as its DataLoader would, on this arm's device."""
+        return self.trainer.strategy.batch_to_device(default_collate([self._rows[i] for i in shard]))
+
+    def _split_step(self, rows: tuple[int, ...]) -> None:
+        n = self._plan.shards
+        trainables = [p for _, p in self._trainables()]
+        shards = tuple(rows[r::n] for r in range(n))
+        self.trace.pending["shards"] = shards
+        total: list[torch.Tensor] | None = None
+        for r in range(n):
+            loss = self._loss(self._shard_batch(shards[r]), len(shards[r]))
+            with torch.autocast(device_type=self.device.type, enabled=False):
+                self.manual_backward(loss)
+            grads = [
+                p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in trainables
+            ]
+            for p in trainables:
+                p.grad = None
+            if self._kind == "split_premul":
+                grads = [g * (1.0 / n) for g in grads]
+            total = grads if total is None else [t + g for t, g in zip(total, grads, strict=True)]
+        assert total is not None
+        if self._kind == "split":
+            total = [t / n for t in total]
+        for p, g in zip(trainables, total, strict=True):
+            p.grad = g
+        self._record_grads()
+        opt: Any = self.optimizers()
+        self.clip_gradients(opt, gradient_clip_val=self._plan.identity.clip, gradient_clip_algorithm="norm")
+        opt.step()
+        opt.zero_grad()
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.automatic_optimization:
+            return  # split arms record before they clip
+        self._planter.gradients(self._trainables(), self._site)  # synchronized, not yet clipped
+        self._record_grads()
+
+    def _record_grads(self) -> None:
+        from torch.distributed.tensor import DTensor, Shard
+
+        trainables = self._trainables()
+        pending = self.trace.pending
+        dtypes: dict[str, str] = {}
+        nonfinite: list[str] = []
+        digests: dict[str, str] = {}
+        full_grads: dict[str, torch.Tensor] = {}
+        present = [(n, p) for n, p in trainables if p.grad is not None]
+        values = _full_many([p.grad.detach() for _, p in present])  # type: ignore[union-attr]
+        for (n, p), full in zip(present, values, strict=True):
+            dtypes[n] = str(p.grad.dtype)  # type: ignore[union-attr]
+            if not bool(torch.isfinite(full).all()):
+                nonfinite.append(n)
+            digests[n] = tensor_digest(full)
+            if self._rank == 0:
+                full_grads[n] = full.to("cpu", copy=True)
+        pending.update(
+            pre=_norm(values), grad_dtypes=dtypes, grad_nonfinite=tuple(nonfinite), grad_digests=digests
+        )
+        if self._kind == "fsdp":
+
+            def sharded(t: Any) -> bool:
+                return isinstance(t, DTensor) and any(isinstance(pl_, Shard) for pl_ in t.placements)
+
+            pending["param_sharded"] = {n: sharded(p) for n, p in trainables}
+            pending["grad_sharded"] = {n: sharded(p.grad) for n, p in trainables}
+        self.trace.grads.append(full_grads)
+
+    def _before_update(self) -> bool:
+        grads = [p.grad.detach() for _, p in self._trainables() if p.grad is not None]
+        self.trace.pending["post"] = _norm(_full_many(grads))
+        return not self._planter.skip_step(len(self.trace.ranks), self._plan.identity.steps, self._site)
+
+    def _after_update(self) -> None:
+        t = self.trace
+        trainables, frozen_params = self._trainables(), self._frozen()
+        values = _full_many([p.detach() for _, p in trainables + frozen_params])
+        full = {n: v for (n, _), v in zip(trainables, values, strict=False)}
+        frozen = {
+            n: tensor_digest(v) for (n, _), v in zip(frozen_params, values[len(trainables) :], strict=True)
+        }
+        pending, t.pending = t.pending, {}
+        linear, t.linear = t.linear, {}
+        t.params.append({n: v.to("cpu", copy=True) for n, v in full.items()} if self._rank == 0 else {})
+        t.rows.append(pending.get("shards") or (pending.get("rows", ()),))
+        t.ranks.append(
+            RankStep(
+                pre_clip_norm=float(pending.get("pre", float("nan"))),
+                post_clip_norm=float(pending.get("post", float("nan"))),
+                grad_dtypes=pending.get("grad_dtypes", {}),
+                grad_nonfinite=pending.get("grad_nonfinite", ()),
+                grad_digests=pending.get("grad_digests", {}),
+                param_digests={n: tensor_digest(v) for n, v in full.items()},
+                frozen_digests=frozen,
+                param_sharded=pending.get("param_sharded"),
+                grad_sharded=pending.get("grad_sharded"),
+                linear=tuple(
+                    LinearCall(
+                        site=site,
+                        kind=kind,
+                        output_dtype=out,
+                        param_dtype=param,
+                        autocast=on,
+                        autocast_dtype=ac,
+                        calls=count,
+                    )
+                    for (site, kind, out, param, on, ac), count in linear.items()
+                ),
+            )
+        )
+
+
+def _norm(values: list[torch.Tensor]) -> float:
+    """Global L2 norm of whole (gathered) tensors in float64, computed alike on every rank."""
+    if not values:
+        return 0.0
+    total = sum(float(v.detach().to(torch.float64).pow(2).sum()) for v in values)
+    return float(total**0.5)
+
+
+def _full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Whole values of many tensors with two collectives instead of one per DTensor.
+
+    Every rank must call it with the same tensors. DTensors sharded on dim 0 over one 1-D mesh (FSDP2's
+    layout) are gathered together as one flat buffer; anything else goes through ``_full`` one by one.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    batched = [
+        i
+        for i, t in enumerate(tensors)
+        if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
+    ]
+    out = [t if i in batched else _full(t) for i, t in enumerate(tensors)]
+    if not batched:
+        return out
+    mesh = tensors[batched[0]].device_mesh  # type: ignore[attr-defined]
+    group = mesh.get_group()
+    size = dist.get_world_size(group)
+    locals_ = [tensors[i].to_local() for i in batched]  # type: ignore[attr-defined]
+    counts = torch.tensor([t.numel() for t in locals_], dtype=torch.int64)
+    all_counts = [torch.empty_like(counts) for _ in range(size)]
+    dist.all_gather(all_counts, counts, group=group)
+    dtype = locals_[0].dtype
+    if any(t.dtype != dtype for t in locals_):
+        return [_full(t) for t in tensors]
+    longest = max(int(c.sum()) for c in all_counts)
+    flat = torch.zeros(longest, dtype=dtype, device=locals_[0].device)
+    if locals_:
+        joined = torch.cat([t.reshape(-1) for t in locals_])
+        flat[: joined.numel()] = joined
+    gathered = [torch.empty_like(flat) for _ in range(size)]
+    dist.all_gather(gathered, flat, group=group)
+    offsets = [0] * size
+    for k, i in enumerate(batched):
+        shape = tuple(tensors[i].shape)
+        pieces = []
+        for r in range(size):
+            n = int(all_counts[r][k])
+            pieces.append(gathered[r][offsets[r] : offsets[r] + n])
+            offsets[r] += n
+        out[i] = torch.cat(pieces).reshape(shape)
+    return out
+
+
+def _ddp_dtype(name: str) -> str:
+    """DDP's logging names ("float", "c10::BFloat16", "double") as torch dtype strings."""
+    table = {"float": "torch.float32", "double": "torch.float64", "c10::Half": "torch.float16"}
+    table["c10::BFloat16"] = "torch.bfloat16"
+    return table.get(name.strip(), name.strip())
+
+
+def _fit(
+    plan: Bf16Plan,
+    *,
+    recipe: ArmRecipe,
+    net: torch.nn.Module,
+    rows: Any,
+    world: World,
+    sites: Bf16Sites,
+    strategy: Any = None,
+) -> _Trace:
+    ident = plan.identity
+    kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
+    distributed = kind in ("ddp", "fsdp")
+    world_size = world.size if distributed else 1
+    kwargs = _lightning_kwargs(kind if distributed else "single", world, plan.precision)
+    if strategy is not None:
+        kwargs["strategy"] = strategy
+    rank = world.rank if distributed else 0
+    site = PlantSite(arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision)
+    module = _Bf16Module(
+        recipe=recipe,
+        net=net,
+        rows=rows,
+        plan=plan,
+        sites=sites,
+        kind=kind,
+        rank=rank,
+        world_size=world_size,
+        planter=plant(plan.fault, site),
+        site=site,
+    )
+    clip_kwargs: dict[str, Any] = (
+        {"gradient_clip_val": ident.clip, "gradient_clip_algorithm": "norm"}
+        if module.automatic_optimization
+        else {}
+    )
+    with tempfile.TemporaryDirectory(prefix="sprite-bf16-") as root, _fp32_numerics(), _quiet_lightning():
+        trainer = pl.Trainer(
+            **kwargs,
+            **clip_kwargs,
+            max_steps=ident.steps,
+            max_epochs=1,
+            use_distributed_sampler=False,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            default_root_dir=root,
+        )
+        trainer.fit(module)
+    trace = module.trace
+    if len(trace.ranks) != ident.steps:
+        raise RuntimeError(
+            f"arm {plan.arm!r} on rank {world.rank} took {len(trace.ranks)} optimizer steps, the recipe asks for "
+            f"{ident.steps}; the strategy skipped or added optimizer steps"
+        )
+    return trace
+
+
+def _record(
+    plan: Bf16Plan, trace: _Trace, per_rank: list[dict[str, Any]], device_type: str, sites: Bf16Sites
+) -> Bf16ArmRecord:
+    steps = []
+    for s in range(len(trace.ranks)):
+        rows = (
+            trace.rows[s] if plan.arm in BF16_SINGLE_DEVICE_ARMS else tuple(r["rows"][s][0] for r in per_rank)
+        )
+        steps.append(
+            StepRecord(
+                rows=rows,
+                grads=trace.grads[s],
+                params=trace.params[s],
+                ranks=tuple(r["ranks"][s] for r in per_rank),
+            )
+        )
+    return Bf16ArmRecord(
+        arm=plan.arm,
+        recipe=plan.identity,
+        world_size=len(per_rank),
+        shards=plan.shards,
+        device_type=device_type,
+        precision=plan.precision,
+        tf32=trace.tf32,
+        fault=plan.fault,
+        strategy=trace.strategy,
+        trainable_names=trace.trainable_names,
+        frozen_names=trace.frozen_names,
+        linear_sites=tuple(sites.linear),
+        initial_trainable=trace.initial,
+        initial_digests=tuple(r["initial_digests"] for r in per_rank),
+        comm=tuple(r["comm"] for r in per_rank),
+        steps=tuple(steps),
+    )
+
+
+def _summary(trace: _Trace) -> dict[str, Any]:
+    return {
+        "rows": trace.rows,
+        "ranks": trace.ranks,
+        "initial_digests": trace.initial_digests,
+        "comm": trace.comm,
+    }
+
+
+def run_bf16_single(
+    plan: Bf16Plan, *, recipe: ArmRecipe, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites
+) -> Bf16ArmRecord:
+    """ref32, ref, split or split_premul on this rank's one device (the caller runs it on one rank)."""
+    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites)
+    return _record(plan, trace, [_summary(trace)], world.device.type, sites)
+
+
+def run_bf16_distributed(
+    plan: Bf16Plan,
+    *,
+    recipe: ArmRecipe,
+    net: torch.nn.Module,
+    rows: Any,
+    world: World,
+    sites: Bf16Sites,
+    strategy: Any = None,
+) -> Bf16ArmRecord:
+    """ddp or fsdp on every rank (or ``strategy``); every rank returns the same record (rank 0's tensors)."""
+    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
+    per_rank = world.gather_object(_summary(trace))
+    shared = world.broadcast_object(
+        (
+            trace.trainable_names,
+            trace.frozen_names,
+            trace.initial,
+            trace.grads,
+            trace.params,
+            trace.strategy,
+            trace.tf32,
+        )
+    )
+    trace = dataclasses.replace(
+        trace,
+        trainable_names=shared[0],
+        frozen_names=shared[1],
+        initial=shared[2],
+        grads=shared[3],
+        params=shared[4],
+        strategy=shared[5],
+        tf32=shared[6],
+    )
+    return _record(plan, trace, per_rank, world.device.type, sites)
