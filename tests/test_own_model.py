@@ -2,13 +2,15 @@
 
 A small classifier with a frozen layer (tests/own_models.py) at 2 and 3 ranks: single, ddp and fsdp agree;
 the catalogued loss-level faults and a DDP strategy that divides the summed gradients by 2N are rejected;
-accumulation matches the full batch. A body we did not write (Lightning's docs autoencoder) passes too.
+accumulation matches the full batch; criterion v2 passes in bf16-mixed and rejects its DDP-only controls.
+A body we did not write (Lightning's docs autoencoder) passes too.
 
 Only ranks tests live here (see tests/test_recipe_ranks.py); the in-process ones are in test_own_model_unit.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -21,7 +23,14 @@ import torch.distributed as dist
 from own_models import AUTOENCODER, MLP
 from torch.nn.parallel import DistributedDataParallel
 
-from pytest_sprite import ParityError, Recipe, SpriteUsageError, assert_parity, expect_fault_rejected
+from pytest_sprite import (
+    ParityError,
+    Recipe,
+    SpriteUsageError,
+    assert_criterion_v2,
+    assert_parity,
+    expect_fault_rejected,
+)
 from pytest_sprite.lightning import XPUDDPStrategy
 
 pytestmark = pytest.mark.cpu
@@ -120,3 +129,50 @@ def test_rows_that_differ_between_ranks_are_refused(world: Any) -> None:
         recipe.run("ddp")
     assert str(exc.value).startswith("recipe 'rank-rows': rows(20) differs between ranks (digests by rank: ")
     assert str(exc.value).endswith("rows must not depend on the rank or the process")
+
+
+CRITERION_ARMS = ("ref32", "ref", "split", "split_premul", "ddp", "fsdp")
+
+MLP_WITH_BACKBONE = dataclasses.replace(MLP, name="mlp-backbone", backbone="body")
+"""The same model, naming ``body`` as its backbone, so the fp32-backbone control has somewhere to act."""
+
+
+def criterion_arms(recipe: Recipe, fault: str | None = None) -> dict[str, Any]:
+    return {
+        a: recipe.run(a, precision="bf16-mixed", fault=fault if a == "ddp" else None) for a in CRITERION_ARMS
+    }
+
+
+@pytest.mark.ranks([2, 3])
+def test_own_model_criterion_v2_in_bf16(world: Any) -> None:
+    arms = criterion_arms(MLP)
+    result = assert_criterion_v2(arms)
+    assert result.verdict == "pass" and result.ranks == world.size
+    # Every nn.Linear is a site, the frozen one included, and under autocast each one gave BF16.
+    assert arms["ddp"].linear_sites == ("embed", "body.0", "head")
+    calls = arms["ddp"].steps[0].ranks[0].linear
+    assert {(c.site, c.output_dtype, c.autocast) for c in calls} == {
+        (s, "torch.bfloat16", True) for s in ("embed", "body.0", "head")
+    }
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize(
+    ("recipe", "fault"),
+    [(MLP, "local-adapter"), (MLP, "scale-grad"), (MLP, "skip-update"), (MLP_WITH_BACKBONE, "fp32-backbone")],
+    ids=["local-adapter", "scale-grad", "skip-update", "fp32-backbone"],
+)
+def test_own_model_criterion_controls_are_rejected(world: Any, recipe: Recipe, fault: str) -> None:
+    """The DDP-only controls on a plain model: local-adapter leaves its first trainable tensor local."""
+    with expect_fault_rejected(fault):
+        assert_criterion_v2(criterion_arms(recipe, fault))
+
+
+@pytest.mark.ranks(2)
+def test_fp32_backbone_needs_a_backbone_and_is_refused_by_name(world: Any) -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        MLP.run("ddp", precision="bf16-mixed", fault="fp32-backbone")
+    assert str(exc.value) == (
+        "fault 'fp32-backbone' needs the recipe's backbone module, and recipe 'mlp' names none; "
+        "pass Recipe(backbone='<module name>') to plant it"
+    )

@@ -282,10 +282,19 @@ class _Bf16Module(pl.LightningModule):
             backbone = modules[self._sites.backbone]
             contexts: list[Any] = []
 
-            def enter(mod: torch.nn.Module, args: Any) -> None:
+            def enter(mod: torch.nn.Module, args: Any) -> Any:
                 ctx: Any = self._planter.forward_context(self._site, device_type)
                 ctx.__enter__()
                 contexts.append(ctx)
+                # Outside autocast a backbone that receives activations (not token ids, as in lora_qwen)
+                # gets them in BF16 from the layers before it; run it in FP32 as autocast's own
+                # custom_fwd(cast_inputs=torch.float32) would, instead of failing on mixed dtypes.
+                if not torch.is_autocast_enabled(device_type):
+                    return tuple(
+                        a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                        for a in args
+                    )
+                return None
 
             def leave(mod: torch.nn.Module, args: Any, out: Any) -> None:
                 contexts.pop().__exit__(None, None, None)
