@@ -36,8 +36,7 @@ from pytest_sprite.lightning import XPUDDPStrategy
 pytestmark = pytest.mark.cpu
 
 
-@pytest.mark.ranks([2, 3])
-def test_own_model_parity(world: Any) -> None:
+def check_parity(world: Any) -> None:
     """The issue's example: single, ddp and fsdp of a model with a frozen layer agree."""
     ref = MLP.run("single")
     result = assert_parity(ref, MLP.run("ddp"), MLP.run("fsdp"))
@@ -54,13 +53,35 @@ def test_own_model_parity(world: Any) -> None:
     assert all(pre > ref.recipe.clip for (pre,) in ref.pre_clip_norms)
 
 
-@pytest.mark.ranks([2, 3])
-@pytest.mark.parametrize("fault", ["missing-rank", "wrong-scale"])
-def test_own_model_faults_are_rejected(world: Any, fault: str) -> None:
+@pytest.mark.ranks(2)
+def test_own_model_parity_at_2_ranks(world: Any) -> None:
+    check_parity(world)
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(3)
+def test_own_model_parity_at_3_ranks(world: Any) -> None:
+    check_parity(world)
+
+
+def check_fault(fault: str) -> None:
     ref = MLP.run("single")
     with expect_fault_rejected(fault, by="pre_norm") as rejection:
         assert_parity(ref, MLP.run("ddp", fault=fault), MLP.run("fsdp", fault=fault))
     assert {f.arm for f in rejection.evidence.failed} == {f"ddp (fault {fault})", f"fsdp (fault {fault})"}
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("fault", ["missing-rank", "wrong-scale"])
+def test_own_model_faults_are_rejected_at_2_ranks(world: Any, fault: str) -> None:
+    check_fault(fault)
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(3)
+@pytest.mark.parametrize("fault", ["missing-rank", "wrong-scale"])
+def test_own_model_faults_are_rejected_at_3_ranks(world: Any, fault: str) -> None:
+    check_fault(fault)
 
 
 def _allreduce_over_2n(state, bucket):  # type: ignore[no-untyped-def]
@@ -85,8 +106,7 @@ class HalvedMeanDDP(XPUDDPStrategy):
         return ddp
 
 
-@pytest.mark.ranks([2, 3])
-def test_ddp_dividing_by_2n_is_caught(world: Any) -> None:
+def check_halved_mean() -> None:
     ref = MLP.run("single")
     with pytest.raises(ParityError) as exc:
         assert_parity(ref, MLP.run("ddp", strategy=HalvedMeanDDP()))
@@ -96,6 +116,17 @@ def test_ddp_dividing_by_2n_is_caught(world: Any) -> None:
     assert arm.pre_norm_rel == pytest.approx(0.5, rel=1e-3)
     # The control: the same strategy= path with the unmodified strategy passes.
     assert_parity(ref, MLP.run("ddp", strategy=XPUDDPStrategy()))
+
+
+@pytest.mark.ranks(2)
+def test_ddp_dividing_by_2n_is_caught_at_2_ranks(world: Any) -> None:
+    check_halved_mean()
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(3)
+def test_ddp_dividing_by_2n_is_caught_at_3_ranks(world: Any) -> None:
+    check_halved_mean()
 
 
 @pytest.mark.ranks(2)
@@ -143,8 +174,7 @@ def criterion_arms(recipe: Recipe, fault: str | None = None) -> dict[str, Any]:
     }
 
 
-@pytest.mark.ranks([2, 3])
-def test_own_model_criterion_v2_in_bf16(world: Any) -> None:
+def check_criterion(world: Any) -> None:
     arms = criterion_arms(MLP)
     result = assert_criterion_v2(arms)
     assert result.verdict == "pass" and result.ranks == world.size
@@ -157,9 +187,25 @@ def test_own_model_criterion_v2_in_bf16(world: Any) -> None:
 
 
 @pytest.mark.ranks(2)
+def test_own_model_criterion_v2_in_bf16_at_2_ranks(world: Any) -> None:
+    check_criterion(world)
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(3)
+def test_own_model_criterion_v2_in_bf16_at_3_ranks(world: Any) -> None:
+    check_criterion(world)
+
+
+@pytest.mark.ranks(2)
 @pytest.mark.parametrize(
     ("recipe", "fault"),
-    [(MLP, "local-adapter"), (MLP, "scale-grad"), (MLP, "skip-update"), (MLP_WITH_BACKBONE, "fp32-backbone")],
+    [
+        (MLP, "local-adapter"),
+        pytest.param(MLP, "scale-grad", marks=pytest.mark.slow),
+        pytest.param(MLP, "skip-update", marks=pytest.mark.slow),
+        (MLP_WITH_BACKBONE, "fp32-backbone"),
+    ],
     ids=["local-adapter", "scale-grad", "skip-update", "fp32-backbone"],
 )
 def test_own_model_criterion_controls_are_rejected(world: Any, recipe: Recipe, fault: str) -> None:
