@@ -32,6 +32,7 @@ __all__ = [
     "ParityRefused",
     "ParityResult",
     "RankEnvError",
+    "Recipe",
     "RecipeIdentity",
     "SpriteError",
     "SpriteUsageError",
@@ -67,6 +68,7 @@ _LAZY = {
     "ParityRefused": "pytest_sprite.assertions.parity",
     "ParityResult": "pytest_sprite.assertions.parity",
     "RankEnvError": "pytest_sprite.errors",
+    "Recipe": "pytest_sprite.recipes.recipe",
     "RecipeIdentity": "pytest_sprite.records",
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
     from .recipes.lora_qwen import LoraQwen
     from .recipes.mesh import data_parallel_mesh
+    from .recipes.recipe import Recipe
     from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
     from .world import World
 

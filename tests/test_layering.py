@@ -131,6 +131,6 @@ def test_no_import_loop_through_the_recipes_assertions_or_lightning() -> None:
 
 
 def test_the_checker_sees_lazy_and_relative_imports() -> None:
-    assert _p("recipes._arm") in imports(_p("recipes.lora_qwen"))  # imported inside run()
+    assert _p("recipes._arm") in imports(_p("recipes.recipe"))  # imported inside run_recipe()
     assert _p("recipes.constants") in imports(_p("recipes._model"))
     assert _p("errors") in imports(_p("records"))

@@ -1,6 +1,6 @@
-"""One arm of the recipe through a real Lightning fit, and the record of what it did on every rank.
+"""One arm of a recipe through a real Lightning fit, and the record of what it did on every rank.
 
-Loaded only when ``LoraQwen.run`` is called (it imports torch and Lightning at the top). The fit uses the
+Loaded only when ``Recipe.run`` (or ``LoraQwen.run``) is called (it imports torch and Lightning at the top). The fit uses the
 code-under-test strategies from ``pytest_sprite.lightning.trainer_kwargs`` (or the user's strategy) with
 Lightning's automatic optimization, accumulation and clipping, so what is checked is what users run.
 Only the data order is taken out of Lightning's hands: Lightning replaces the training sampler with a
@@ -12,39 +12,57 @@ unshuffled DistributedSampler would. A strategy that reports the wrong ranks the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import logging
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import Planter, PlantSite, plant
-from pytest_sprite.recipes._model import LoraQwenClassifier, Rows
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest
 from pytest_sprite.world import World
 
-__all__ = ["ArmPlan", "run_distributed", "run_single", "shard_batches", "with_wall_time"]
+__all__ = [
+    "ArmPlan",
+    "ArmRecipe",
+    "IndexedRows",
+    "check_loss",
+    "collate_indexed",
+    "run_distributed",
+    "run_single",
+    "shard_batches",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ArmPlan:
-    """What one arm trains: validated by ``LoraQwen.run`` before any process starts training."""
+    """What one arm trains: validated by ``Recipe.run`` before any process starts training."""
 
     arm: str
     identity: RecipeIdentity
     precision: str
     accumulate: int
     fault: str | None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ArmRecipe:
+    """What the arm calls of a recipe, resolved by ``Recipe.run`` (this module never imports the recipe)."""
+
+    name: str
+    """The recipe's name, for error messages."""
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
+    """``loss(model, batch)``: the mean over the batch's rows."""
+    shard: Callable[[torch.nn.Module, Any], Any]
+    """``shard(model, mesh)``: the FSDP2 units of the fsdp arm."""
 
 
 @dataclass(kw_only=True)
@@ -76,6 +94,24 @@ def shard_batches(*, total_rows: int, num_replicas: int, rank: int, micro_batch:
         )
     shard = list(range(rank, total_rows, num_replicas))
     return [shard[i : i + micro_batch] for i in range(0, len(shard) - micro_batch + 1, micro_batch)]
+
+
+class IndexedRows(torch.utils.data.Dataset[tuple[int, Any]]):
+    """A recipe's rows as a dataset whose items carry their row id, so the arm records which rows it trained."""
+
+    def __init__(self, rows: Sequence[Any]) -> None:
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        return i, self._rows[i]
+
+
+def collate_indexed(items: list[tuple[int, Any]]) -> tuple[list[int], Any]:
+    """Row ids and the batch: ``default_collate`` of the rows, as a recipe's loss receives it."""
+    return [i for i, _ in items], default_collate([row for _, row in items])
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -132,8 +168,9 @@ class _ArmModule(pl.LightningModule):
     def __init__(
         self,
         *,
-        net: LoraQwenClassifier,
-        rows: Rows,
+        recipe: ArmRecipe,
+        net: torch.nn.Module,
+        rows: Sequence[Any],
         plan: ArmPlan,
         world_size: int,
         micro_batch: int,
@@ -145,6 +182,7 @@ class _ArmModule(pl.LightningModule):
         super().__init__()
         self.net = net
         self.trace = _Trace()
+        self._recipe = recipe
         self._rows = rows
         self._plan = plan
         self._world_size = world_size
@@ -163,8 +201,6 @@ class _ArmModule(pl.LightningModule):
     def configure_model(self) -> None:
         if not self._shard:
             return
-        from pytest_sprite.lightning import shard_model
-
         mesh = self.device_mesh if self.device_mesh is not None else self._mesh_factory()
         names = tuple(mesh.mesh_dim_names or ())
         if DATA_PARALLEL not in names:
@@ -172,7 +208,7 @@ class _ArmModule(pl.LightningModule):
                 f"the fsdp arm shards over the mesh dimension {DATA_PARALLEL!r}, but the strategy's mesh has "
                 f"dimensions {names}; give the strategy a mesh with a {DATA_PARALLEL!r} dimension"
             )
-        shard_model(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
+        self._recipe.shard(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
 
     def train_dataloader(self) -> DataLoader[Any]:
         kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
@@ -182,7 +218,9 @@ class _ArmModule(pl.LightningModule):
             rank=int(kwargs.get("rank", 0)),
             micro_batch=self._micro_batch,
         )
-        return DataLoader(self._rows, batch_sampler=batches, num_workers=0)  # type: ignore[arg-type]
+        return DataLoader(
+            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainables = [p for _, p in self._trainables()]
@@ -205,11 +243,12 @@ class _ArmModule(pl.LightningModule):
             f"{type(self.trainer.strategy).__module__}.{type(self.trainer.strategy).__qualname__}"
         )
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        self.trace.rows.setdefault(self.trainer.global_step, []).extend(int(i) for i in batch["row"])
+    def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor:
+        ids, data = batch
+        self.trace.rows.setdefault(self.trainer.global_step, []).extend(int(i) for i in ids)
         with self._planter.forward_context(self._site, self.device.type):
-            logits = self.net(batch["input_ids"])
-        loss = F.cross_entropy(logits.float(), batch["labels"])
+            loss = self._recipe.loss(self.net, data)
+        check_loss(self._recipe, loss, len(ids))
         return self._planter.loss(loss, self._site)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -226,6 +265,25 @@ class _ArmModule(pl.LightningModule):
         for n in self.trace.trainable_names:
             h.update(tensor_digest(self.trace.final[n]).encode())
         self.trace.final_digest = h.hexdigest()
+
+
+def check_loss(recipe: ArmRecipe, loss: object, rows: int) -> None:
+    """Refuse a loss that is not one differentiable number (the mean the arms average over ranks)."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        shape = (
+            f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
+            if isinstance(loss, torch.Tensor)
+            else repr(loss)
+        )
+        raise SpriteUsageError(
+            f"recipe {recipe.name!r}: loss(model, batch) returned {shape} for a batch of {rows} rows; it must "
+            "return a scalar floating-point tensor, the mean over the batch's rows (e.g. F.cross_entropy(...))"
+        )
+    if not loss.requires_grad:
+        raise SpriteUsageError(
+            f"recipe {recipe.name!r}: loss(model, batch) returned a tensor that does not require grad; compute it "
+            "from model(...) without torch.no_grad() or .detach()"
+        )
 
 
 @contextlib.contextmanager
@@ -288,8 +346,9 @@ def _fit(
     plan: ArmPlan,
     *,
     kind: str,
-    model: LoraQwenClassifier,
-    rows: Rows,
+    recipe: ArmRecipe,
+    model: torch.nn.Module,
+    rows: Sequence[Any],
     world: World,
     world_size: int,
     strategy: Any,
@@ -306,6 +365,7 @@ def _fit(
         precision=plan.precision,
     )
     module = _ArmModule(
+        recipe=recipe,
         net=model,
         rows=rows,
         plan=plan,
@@ -383,19 +443,47 @@ def _summary(trace: _Trace) -> dict[str, Any]:
 
 
 def run_single(
-    plan: ArmPlan, *, model: LoraQwenClassifier, rows: Rows, world: World, strategy: Any = None
+    plan: ArmPlan,
+    *,
+    recipe: ArmRecipe,
+    model: torch.nn.Module,
+    rows: Sequence[Any],
+    world: World,
+    strategy: Any = None,
 ) -> ArmRecord:
     """The reference: the full global batch on this rank's one device, no collectives."""
-    trace = _fit(plan, kind="single", model=model, rows=rows, world=world, world_size=1, strategy=strategy)
+    trace = _fit(
+        plan,
+        kind="single",
+        recipe=recipe,
+        model=model,
+        rows=rows,
+        world=world,
+        world_size=1,
+        strategy=strategy,
+    )
     return _record(plan, trace=trace, per_rank=[_summary(trace)], device_type=world.device.type)
 
 
 def run_distributed(
-    plan: ArmPlan, *, model: LoraQwenClassifier, rows: Rows, world: World, strategy: Any = None
+    plan: ArmPlan,
+    *,
+    recipe: ArmRecipe,
+    model: torch.nn.Module,
+    rows: Sequence[Any],
+    world: World,
+    strategy: Any = None,
 ) -> ArmRecord:
     """A ddp or fsdp arm on every rank of the test; every rank returns the same record (rank 0's tensors)."""
     trace = _fit(
-        plan, kind=plan.arm, model=model, rows=rows, world=world, world_size=world.size, strategy=strategy
+        plan,
+        kind=plan.arm,
+        recipe=recipe,
+        model=model,
+        rows=rows,
+        world=world,
+        world_size=world.size,
+        strategy=strategy,
     )
     per_rank = world.gather_object(_summary(trace))
     tensors = world.broadcast_object(
@@ -417,8 +505,3 @@ def run_distributed(
         strategy=tensors[5],
     )
     return _record(plan, trace=shared, per_rank=per_rank, device_type=world.device.type)
-
-
-def with_wall_time(record: ArmRecord, seconds: float) -> ArmRecord:
-    """The record with its arm's wall time filled in."""
-    return dataclasses.replace(record, wall_s=seconds)

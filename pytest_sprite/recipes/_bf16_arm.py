@@ -9,8 +9,8 @@ and divided once by N (``split``) or each multiplied by 1/N before the sum (``sp
 reducer does). No loss/N accumulation: that changes BF16 backward rounding. Clipping goes through the
 precision plugin's ``clip_gradients``, as automatic optimization's does.
 
-What is specific to the recipe (its model's Linear sites, which module is the backbone, which tensor the
-local-adapter fault leaves unsynchronized) comes in as a :class:`Bf16Sites`.
+What is specific to the recipe comes in from ``Recipe.run``: its loss and FSDP2 units as an ``ArmRecipe``,
+and its model's Linear sites, backbone module and adapter tensor (local-adapter) as a :class:`Bf16Sites`.
 """
 
 from __future__ import annotations
@@ -23,16 +23,19 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.recipes._arm import (
+    ArmRecipe,
+    IndexedRows,
     _fp32_numerics,
     _full,
     _lightning_kwargs,
     _quiet_lightning,
+    check_loss,
+    collate_indexed,
     shard_batches,
 )
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
@@ -127,6 +130,7 @@ class _Bf16Module(pl.LightningModule):
     def __init__(
         self,
         *,
+        recipe: ArmRecipe,
         net: torch.nn.Module,
         rows: Any,
         plan: Bf16Plan,
@@ -140,6 +144,7 @@ class _Bf16Module(pl.LightningModule):
         super().__init__()
         self.net = net
         self.trace = _Trace()
+        self._recipe = recipe
         self._rows = rows
         self._plan = plan
         self._sites = sites
@@ -169,11 +174,9 @@ class _Bf16Module(pl.LightningModule):
             ignore(self, [f"net.{name}" for name in unsynchronized])
         if self._kind != "fsdp":
             return
-        from pytest_sprite.lightning import shard_model
-
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())
         names = tuple(mesh.mesh_dim_names or ())
-        shard_model(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
+        self._recipe.shard(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
 
     def _world(self) -> World:
         from pytest_sprite.world import current_world
@@ -194,7 +197,9 @@ class _Bf16Module(pl.LightningModule):
         batches = shard_batches(
             total_rows=len(self._rows), num_replicas=replicas, rank=rank, micro_batch=micro
         )
-        return DataLoader(self._rows, batch_sampler=batches, num_workers=0)
+        return DataLoader(
+            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainables = [p for _, p in self._trainables()]
@@ -277,10 +282,19 @@ class _Bf16Module(pl.LightningModule):
             backbone = modules[self._sites.backbone]
             contexts: list[Any] = []
 
-            def enter(mod: torch.nn.Module, args: Any) -> None:
+            def enter(mod: torch.nn.Module, args: Any) -> Any:
                 ctx: Any = self._planter.forward_context(self._site, device_type)
                 ctx.__enter__()
                 contexts.append(ctx)
+                # Outside autocast a backbone that receives activations (not token ids, as in lora_qwen)
+                # gets them in BF16 from the layers before it; run it in FP32 as autocast's own
+                # custom_fwd(cast_inputs=torch.float32) would, instead of failing on mixed dtypes.
+                if not torch.is_autocast_enabled(device_type):
+                    return tuple(
+                        a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                        for a in args
+                    )
+                return None
 
             def leave(mod: torch.nn.Module, args: Any, out: Any) -> None:
                 contexts.pop().__exit__(None, None, None)
@@ -290,27 +304,33 @@ class _Bf16Module(pl.LightningModule):
 
     # --- the step -------------------------------------------------------------------------------------
 
-    def _loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.net(input_ids)
-        return F.cross_entropy(logits.float(), labels)
+    def _loss(self, batch: Any, rows: int) -> torch.Tensor:
+        loss = self._recipe.loss(self.net, batch)
+        check_loss(self._recipe, loss, rows)
+        return loss
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
-        rows = tuple(int(i) for i in batch["row"])
+    def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor | None:
+        ids, data = batch
+        rows = tuple(int(i) for i in ids)
         if self.automatic_optimization:
             self.trace.pending["rows"] = rows
-            loss = self._loss(batch["input_ids"], batch["labels"])
+            loss = self._loss(data, len(rows))
             return self._planter.loss(loss, self._site)
-        self._split_step(batch, rows)
+        self._split_step(rows)
         return None
 
-    def _split_step(self, batch: dict[str, torch.Tensor], rows: tuple[int, ...]) -> None:
+    def _shard_batch(self, shard: tuple[int, ...]) -> Any:
+        """One emulated rank's batch: its rows collated as its DataLoader would, on this arm's device."""
+        return self.trainer.strategy.batch_to_device(default_collate([self._rows[i] for i in shard]))
+
+    def _split_step(self, rows: tuple[int, ...]) -> None:
         n = self._plan.shards
         trainables = [p for _, p in self._trainables()]
         shards = tuple(rows[r::n] for r in range(n))
         self.trace.pending["shards"] = shards
         total: list[torch.Tensor] | None = None
         for r in range(n):
-            loss = self._loss(batch["input_ids"][r::n], batch["labels"][r::n])
+            loss = self._loss(self._shard_batch(shards[r]), len(shards[r]))
             with torch.autocast(device_type=self.device.type, enabled=False):
                 self.manual_backward(loss)
             grads = [
@@ -474,7 +494,14 @@ def _ddp_dtype(name: str) -> str:
 
 
 def _fit(
-    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites, strategy: Any = None
+    plan: Bf16Plan,
+    *,
+    recipe: ArmRecipe,
+    net: torch.nn.Module,
+    rows: Any,
+    world: World,
+    sites: Bf16Sites,
+    strategy: Any = None,
 ) -> _Trace:
     ident = plan.identity
     kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
@@ -486,6 +513,7 @@ def _fit(
     rank = world.rank if distributed else 0
     site = PlantSite(arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision)
     module = _Bf16Module(
+        recipe=recipe,
         net=net,
         rows=rows,
         plan=plan,
@@ -572,18 +600,25 @@ def _summary(trace: _Trace) -> dict[str, Any]:
 
 
 def run_bf16_single(
-    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites
+    plan: Bf16Plan, *, recipe: ArmRecipe, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites
 ) -> Bf16ArmRecord:
     """ref32, ref, split or split_premul on this rank's one device (the caller runs it on one rank)."""
-    trace = _fit(plan, net=net, rows=rows, world=world, sites=sites)
+    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites)
     return _record(plan, trace, [_summary(trace)], world.device.type, sites)
 
 
 def run_bf16_distributed(
-    plan: Bf16Plan, *, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites, strategy: Any = None
+    plan: Bf16Plan,
+    *,
+    recipe: ArmRecipe,
+    net: torch.nn.Module,
+    rows: Any,
+    world: World,
+    sites: Bf16Sites,
+    strategy: Any = None,
 ) -> Bf16ArmRecord:
     """ddp or fsdp on every rank (or ``strategy``); every rank returns the same record (rank 0's tensors)."""
-    trace = _fit(plan, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
+    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
     per_rank = world.gather_object(_summary(trace))
     shared = world.broadcast_object(
         (
