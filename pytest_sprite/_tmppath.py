@@ -59,6 +59,11 @@ def prune_test_dir(config: pytest.Config, test_dir: Path, *, passed: bool) -> No
     if policy == "none" or (policy == "failed" and passed):
         for path in [test_dir, *test_dir.parent.glob(f"{test_dir.name}-*")]:
             shutil.rmtree(path, ignore_errors=True)
+        return
+    try:  # a test that never used it leaves no empty directory behind, as with pytest's lazy tmp_path
+        test_dir.rmdir()
+    except OSError:
+        pass
 
 
 def share_tmp_path(config: pytest.Config, *, basetemp: Path, test_dir: Path, item_name: str) -> None:

@@ -102,11 +102,19 @@ def test_retention_is_applied_once_by_the_controller(
     controller = configure(pytester)
     basetemp, test_dir = make_test_dir(controller, "test_x")
     (basetemp / f"{test_dir.name}-data0").mkdir()
+    (test_dir / "ckpt.pt").write_text("x")
     _, other = make_test_dir(controller, "test_y")
     prune_test_dir(controller, test_dir, passed=passed)
     assert test_dir.exists() is kept
     assert (basetemp / f"{test_dir.name}-data0").exists() is kept
     assert other.exists(), "other tests' directories are not touched"
+
+
+def test_an_unused_test_directory_is_not_kept(pytester: pytest.Pytester) -> None:
+    controller = configure(pytester)
+    _, test_dir = make_test_dir(controller, "test_x")
+    prune_test_dir(controller, test_dir, passed=False)  # pytest's default policy, all, keeps what was written
+    assert not test_dir.exists()
 
 
 def test_children_never_delete_shared_directories(pytester: pytest.Pytester) -> None:
