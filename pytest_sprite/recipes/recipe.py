@@ -543,6 +543,7 @@ def run_recipe(
     record = dataclasses.replace(record, wall_s=elapsed)
     if artifacts is not None and target is not None:
         world.run_on_rank(0, artifacts.write, target, record)
+        record = dataclasses.replace(record, source=str(target))
     return record
 
 
