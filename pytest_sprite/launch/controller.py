@@ -99,6 +99,8 @@ class _Run:
     """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
     warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)
     """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Host of each rank's agent, for the per-rank outcomes of the reports."""
 
     @property
     def live(self) -> list[int]:
@@ -242,6 +244,7 @@ class Controller:
             return run
         basetemp, run.test_dir = make_test_dir(self.config, item.name)
         run.started = monotonic()
+        run.hosts = {rank: pool.agents[rank].host for rank in range(n)}
         placement = pool.placement(n)
         for rank in range(n):
             where = placement[rank]
@@ -418,6 +421,7 @@ class Controller:
             ends=run.ends,
             world_size=run.n,
             failure_order=run.failed,
+            hosts=run.hosts,
         )
 
     def shutdown(self) -> None:

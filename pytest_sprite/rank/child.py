@@ -97,6 +97,9 @@ class ChildSession:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         report = yield
         _annotate(report, call)
+        world = _world.current_world()
+        if world is not None:  # the device this rank ran on, for the per-rank outcomes of the reports
+            report.sprite_device = str(world.device)  # type: ignore[attr-defined]
         data = item.config.hook.pytest_report_to_serializable(config=item.config, report=report)
         self.channel.send("report", report=data)
         return report
