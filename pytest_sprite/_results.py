@@ -70,9 +70,10 @@ def record_assertion(result: R, *, inputs: Sequence[str | os.PathLike[str] | Non
             f"{type(result).__name__}.to_dict() must name its assertion kind (a 'kind' string), got "
             f"{payload.get('kind')!r}; the reports dispatch on it"
         )
-    if _active is not None:
-        item, phase = _active
-        item.stash.setdefault(results_key, []).append((phase, payload))
+    if _active is None:
+        return result
+    item, phase = _active
+    item.stash.setdefault(results_key, []).append((phase, payload))
     if inputs and all(p is not None for p in inputs) and _rank() == 0:
         write_manifest(payload, [Path(os.fspath(p)) for p in inputs if p is not None])
     return result

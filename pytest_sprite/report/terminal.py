@@ -7,14 +7,15 @@ prints nothing. Colour only when pytest's terminal writer has markup (a TTY, or 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_sprite.assertions._tables import render_table
 from pytest_sprite.report.kinds import Kind, get_kind, verdict_counts
 from pytest_sprite.report.store import TestEntry
 
-__all__ = ["KindTable", "build_tables", "render_kind_table"]
+__all__ = ["KindTable", "build_tables", "render_kind_table", "render_text", "write_summary"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,14 +38,14 @@ class KindTable:
         return f"{self.kind.kind}: {verdict_counts(self.verdicts, self.kind)}"
 
 
-def build_tables(entries: Iterable[TestEntry]) -> list[KindTable]:
-    """Group every recorded payload by kind (kinds in order of first appearance)."""
+def build_tables(tests: Iterable[tuple[str, Sequence[Mapping[str, Any]]]]) -> list[KindTable]:
+    """Group every payload of every (test id, payloads) by kind (kinds in order of first appearance)."""
     grouped: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
-    for entry in entries:
-        for payload in entry.assertions:
+    for test_id, payloads in tests:
+        for payload in payloads:
             kind = get_kind(str(payload["kind"]))
             for row in kind.rows(payload):
-                grouped.setdefault(kind.kind, []).append((entry.nodeid, row.cells, row.verdict))
+                grouped.setdefault(kind.kind, []).append((test_id, row.cells, row.verdict))
     tables = []
     for name, rows in grouped.items():
         kind = get_kind(name)
@@ -73,7 +74,7 @@ def render_kind_table(table: KindTable, *, short: bool) -> list[tuple[str, bool 
 
 def write_summary(terminalreporter: object, entries: Iterable[TestEntry], *, short: bool) -> None:
     """Print every kind's table through pytest's terminal reporter."""
-    tables = build_tables(entries)
+    tables = build_tables((e.nodeid, e.assertions) for e in entries)
     if not tables:
         return
     tr = terminalreporter
@@ -84,3 +85,13 @@ def write_summary(terminalreporter: object, entries: Iterable[TestEntry], *, sho
                 tr.write_line(line, bold=line == table.counts() and table.failed > 0)  # type: ignore[attr-defined]
             else:
                 tr.write_line(line, red=bad, green=not bad)  # type: ignore[attr-defined]
+
+
+def render_text(tables: Sequence[KindTable], *, short: bool = False) -> str:
+    """Every table as plain text (for ``judge`` and for files), each under its title."""
+    blocks = []
+    for table in tables:
+        lines = [f"== {table.kind.title} =="]
+        lines += [line for line, _ in render_kind_table(table, short=short)]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
