@@ -43,6 +43,8 @@ __all__ = [
     "data_parallel_mesh",
     "expect_fault_rejected",
     "load_arm_record",
+    "progress",
+    "record_assertion",
     "tensor_digest",
 ]
 
@@ -79,12 +81,15 @@ _LAZY = {
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
+    "progress": "pytest_sprite._results",
+    "record_assertion": "pytest_sprite._results",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
 
 if TYPE_CHECKING:
     from ._collected import collected
+    from ._results import progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,

@@ -21,6 +21,7 @@ from .._collected import store_collected
 from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
 from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
+from .._results import progress_line, write_progress
 from .._settings import Settings
 from .._timing import monotonic
 from .._tmppath import make_test_dir, prune_test_dir
@@ -33,6 +34,7 @@ from ..protocol import (
     Collected,
     Interrupted,
     Output,
+    Progress,
     Report,
     RunSpec,
     Warning_,
@@ -320,6 +322,10 @@ class Controller:
         """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
         key = (payload["category"], payload["message"], payload["filename"], int(payload["lineno"]))
         run.warnings.setdefault(key, []).append(rank)
+
+    def on_progress(self, pool: AgentPool, run: _Run, rank: int, payload: Progress) -> None:
+        """Emitted by rank 0's child through ``pytest_sprite.progress``: show it now."""
+        write_progress(self.config, progress_line(run.item.nodeid, payload["message"]))
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""

@@ -28,6 +28,7 @@ from .._device import select_device
 from .._process import redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
 from .._rankenv import LAUNCHER_VARIABLES
+from .._results import set_progress_sink
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..world import World
 from .leftovers import lead_own_session
@@ -339,6 +340,7 @@ def run_child(
         _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)
         session = ChildSession(channel, spec, listen_fd)
+        set_progress_sink(lambda message: channel.send("progress", message=message))
         item.config.pluginmanager.register(session, "sprite-child")
         from _pytest.runner import runtestprotocol
 
