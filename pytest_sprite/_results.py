@@ -27,7 +27,9 @@ from typing import Any, Protocol, TypeVar
 import pytest
 
 __all__ = [
+    "DEVICE_ATTR",
     "MANIFEST_FORMAT",
+    "RANKS_ATTR",
     "REPORT_ATTR",
     "ResultsPlugin",
     "assertion_results",
@@ -39,6 +41,11 @@ __all__ = [
 
 REPORT_ATTR = "sprite_assertions"
 """Attribute of a phase's TestReport holding the ``to_dict()`` payloads recorded during that phase."""
+RANKS_ATTR = "sprite_ranks"
+"""Attribute of a ranks test's last merged report: one dict per rank (rank, outcome, exit_code, signal,
+duration, host, device)."""
+DEVICE_ATTR = "sprite_device"
+"""Attribute of each report a ranks test child makes: the device that rank ran on."""
 MANIFEST_FORMAT = 1
 """Format of the ``*.assertion.json`` manifests that ``judge`` reads."""
 

@@ -17,6 +17,7 @@ from _pytest.reports import TestReport
 
 from .._collectives import waiting_collective
 from .._ranges import fold_ranks
+from .._results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
 from ..protocol import EndedBy
 
 __all__ = [
@@ -28,12 +29,6 @@ __all__ = [
     "rank_outcomes",
 ]
 
-ASSERTIONS_ATTR = "sprite_assertions"
-"""A phase report's assertion payloads (see ``pytest_sprite._results``)."""
-RANKS_ATTR = "sprite_ranks"
-"""The last merged report's per-rank outcomes (see ``pytest_sprite.report.store``)."""
-DEVICE_ATTR = "sprite_device"
-"""The device a child ran on, set on each report it makes."""
 
 PHASES = ("setup", "call", "teardown")
 Phase = Literal["setup", "call", "teardown"]
@@ -342,10 +337,10 @@ def _merge_phase(
     )
     # Every rank records the same verdict: keep the lowest rank's results rather than N copies.
     recorded = next(
-        (getattr(reps[r], ASSERTIONS_ATTR) for r in ranks if getattr(reps[r], ASSERTIONS_ATTR, None)), None
+        (getattr(reps[r], REPORT_ATTR) for r in ranks if getattr(reps[r], REPORT_ATTR, None)), None
     )
     if recorded:
-        setattr(merged, ASSERTIONS_ATTR, list(recorded))
+        setattr(merged, REPORT_ATTR, list(recorded))
     xfails = [getattr(reps[r], "wasxfail", None) for r in ranks]
     if not failed and all(x is not None for x in xfails):
         merged.wasxfail = str(xfails[0])

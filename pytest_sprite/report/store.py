@@ -13,13 +13,9 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite._results import REPORT_ATTR
+from pytest_sprite._results import RANKS_ATTR, REPORT_ATTR
 
-__all__ = ["RANKS_ATTR", "ResultStore", "TestEntry"]
-
-RANKS_ATTR = "sprite_ranks"
-"""Attribute of a ranks test's last merged report: one dict per rank (rank, outcome, exit_code, signal,
-duration, host, device)."""
+__all__ = ["ResultStore", "TestEntry"]
 
 
 @dataclass
