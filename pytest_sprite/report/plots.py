@@ -91,8 +91,13 @@ def step_gaps_figure(
     threshold: float,
     ylabel: str,
     styles: Mapping[str, str] | None = None,
+    colors: Mapping[str, str] | None = None,
 ) -> Path:
-    """One line per series (gap per step, log scale) and the threshold as a dashed red line."""
+    """One line per series (gap per step, log scale) and the threshold as a dashed red line.
+
+    ``styles`` / ``colors``: matplotlib format string and colour per series (one colour per arm, one
+    style per figure of it).
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
     try:
@@ -103,7 +108,14 @@ def step_gaps_figure(
             top = max([top, *finite])
             # Infinite gaps (a nan norm) are drawn at the top of the axis, marked with x.
             drawn = [y if math.isfinite(y) else top * 10 for y in ys]
-            ax.plot(range(len(ys)), drawn, (styles or {}).get(label, "o-"), label=label, markersize=4)
+            ax.plot(
+                range(len(ys)),
+                drawn,
+                (styles or {}).get(label, "o-"),
+                label=label,
+                markersize=4,
+                color=(colors or {}).get(label),
+            )
         ax.axhline(
             threshold, color="#c62828", linestyle="--", linewidth=1.2, label=f"threshold {threshold:g}"
         )
@@ -149,10 +161,15 @@ def verdict_grid_figure(
         for r in rows
     ]
     fig, ax = plt.subplots(
-        figsize=(max(4.0, 1.0 + 0.5 * len(columns)), max(3.0, 1.2 + 0.28 * len(rows))), dpi=110
+        figsize=(max(7.0, 4.5 + 0.4 * len(columns)), max(3.0, 1.2 + 0.3 * len(rows))), dpi=110
     )
     try:
         ax.imshow(image, aspect="auto", interpolation="nearest")
+        # White lines between cells, so neighbouring cells of one verdict stay countable.
+        ax.set_xticks([x - 0.5 for x in range(1, len(columns))], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, len(rows))], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.5)
+        ax.tick_params(which="minor", length=0)
         ax.set_xticks(range(len(columns)), labels=list(columns), fontsize=7)
         ax.set_yticks(range(len(rows)), labels=list(rows), fontsize=7)
         ax.set_xlabel(xlabel)
@@ -176,12 +193,17 @@ def verdict_grid_figure(
 def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
     series: dict[str, Sequence[float | str]] = {}
     styles: dict[str, str] = {}
-    for arm in payload["arms"]:
+    colors: dict[str, str] = {}
+    for i, arm in enumerate(payload["arms"]):
         if arm.get("pre_norm_rel_steps"):
-            series[f"{arm['label']} pre-clip"] = arm["pre_norm_rel_steps"]
-            styles[f"{arm['label']} pre-clip"] = "o-"
-            series[f"{arm['label']} post-clip"] = arm["post_norm_rel_steps"]
-            styles[f"{arm['label']} post-clip"] = "s:"
+            for figure, key, style in (
+                ("pre-clip", "pre_norm_rel_steps", "o-"),
+                ("post-clip", "post_norm_rel_steps", "s:"),
+            ):
+                label = f"{arm['label']} {figure}"
+                series[label] = arm[key]
+                styles[label] = style
+                colors[label] = f"C{i % 10}"
     if not series:
         return []
     verdict = "passed" if payload.get("passed") else "failed"
@@ -193,6 +215,7 @@ def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
             threshold=float(payload["rtol"]),
             ylabel="relative gap |arm - ref| / ref (worst rank)",
             styles=styles,
+            colors=colors,
         )
     ]
 
