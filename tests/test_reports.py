@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,6 +15,21 @@ import pytest
 from sprite_testing import fnescape
 
 pytestmark = pytest.mark.cpu
+
+
+def _missing(*modules: str) -> list[str]:
+    """Modules not installed, found without importing them: pytester's sys.modules snapshot would drop a
+    C extension imported inside a test (numpy), and importing it again raises."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+needs = {
+    "matplotlib": pytest.mark.skipif(bool(_missing("matplotlib")), reason="needs matplotlib (extra plots)"),
+    "recipes": pytest.mark.skipif(
+        bool(_missing("peft", "transformers", "lightning")), reason="needs peft, transformers and lightning"
+    ),
+    "xdist": pytest.mark.skipif(bool(_missing("xdist")), reason="needs pytest-xdist"),
+}
 
 TIMEOUT = 240
 
@@ -196,8 +212,8 @@ def test_ranks_tests_report_each_rank_and_the_progress_lines(pytester: pytest.Py
     }
 
 
+@needs["matplotlib"]
 def test_plots_are_pngs(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("matplotlib")
     pytester.makepyfile(test_results=RESULTS)
     result = run(pytester, "--sprite-plots=plots")
     result.stdout.fnmatch_lines(["sprite: 3 plots: plots"])
@@ -235,11 +251,10 @@ def judge(directory: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@needs["recipes"]
 def test_judge_gives_the_same_verdict_on_a_copied_directory(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    for module in ("peft", "transformers", "lightning"):
-        pytest.importorskip(module)
     pytester.makepyfile(test_parity=PARITY_WITH_ARTIFACTS)
     result = run(pytester, "--sprite-artifacts=art", "--sprite-report=report.json")
     result.assert_outcomes(passed=1)
@@ -295,8 +310,8 @@ def test_judge_gives_the_same_verdict_on_a_copied_directory(
     )
 
 
+@needs["xdist"]
 def test_xdist_runs_ranks_tests_in_both_workers_and_merges_the_reports(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("xdist")
     marks = pytester.mkdir("marks")
     pytester.makepyfile(
         f"""
