@@ -33,6 +33,7 @@ __all__ = [
     "REPORT_ATTR",
     "ResultsPlugin",
     "assertion_results",
+    "keep_reported",
     "progress",
     "record_assertion",
     "set_progress_sink",
@@ -89,6 +90,12 @@ def record_assertion(result: R, *, inputs: Sequence[str | os.PathLike[str] | Non
 def assertion_results(item: pytest.Item) -> list[dict[str, Any]]:
     """The payloads recorded while ``item`` ran in this process, in order."""
     return [payload for _, payload in item.stash.get(results_key, [])]
+
+
+def keep_reported(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Keep the results a report carries with ``item`` (the controller, for a ranks test's merged reports)."""
+    recorded = getattr(report, REPORT_ATTR, None) or []
+    item.stash.setdefault(results_key, []).extend((report.when, payload) for payload in recorded)
 
 
 def progress(message: str) -> None:

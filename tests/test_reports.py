@@ -163,15 +163,34 @@ def test_report_refuses_an_existing_file_and_projects_add_fields(pytester: pytes
 
 
 def test_ranks_tests_report_each_rank_and_the_progress_lines(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+        import pytest
+        from pytest_sprite._results import assertion_results
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_protocol(item):
+            result = yield
+            print(f"KEPT {item.name} {assertion_results(item)}")
+            return result
+        """
+    )
     pytester.makepyfile(
         """
         import os, signal
         import pytest
-        from pytest_sprite import progress
+        from pytest_sprite import progress, record_assertion
+
+        class Custom:
+            def __init__(self, rank):
+                self.rank = rank
+            def to_dict(self):
+                return {"kind": "custom", "passed": True, "seen_on": self.rank}
 
         @pytest.mark.ranks(2)
         def test_rank1_fails(world):
             progress(f"checking on rank {world.rank}")
+            record_assertion(Custom(world.rank))
             assert world.rank == 0
 
         @pytest.mark.ranks(2)
@@ -188,8 +207,22 @@ def test_ranks_tests_report_each_rank_and_the_progress_lines(pytester: pytest.Py
         ]
     )
     assert "checking on rank 1" not in result.stdout.str()
+    # Both ranks recorded; the merged report keeps rank 0's, the controller keeps it with the item, and a kind
+    # without a registered table shows in the generic one.
+    result.stdout.fnmatch_lines(
+        [
+            "*KEPT test_rank1_fails [[]{'kind': 'custom', 'passed': True, 'seen_on': 0}[]]",
+            "*= sprite: custom (no table registered for this kind) =*",
+            "test_ranks_tests_report_each_rank_and_the_progress_lines.py::test_rank1_fails  True    pass",
+            "custom: 1 pass",
+        ]
+    )
     document = json.loads((pytester.path / "report.json").read_text())
     validate(document)
+    assert [t["assertions"] for t in document["tests"]] == [
+        [{"kind": "custom", "passed": True, "seen_on": 0}],
+        [],
+    ]
     ranks = {t["nodeid"].split("::")[1]: t["ranks"] for t in document["tests"]}
     assert [(r["rank"], r["outcome"], r["exit_code"], r["signal"]) for r in ranks["test_rank1_fails"]] == [
         (0, "passed", 0, None),

@@ -21,7 +21,7 @@ from .._collected import store_collected
 from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
 from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
-from .._results import progress_line, write_progress
+from .._results import keep_reported, progress_line, write_progress
 from .._settings import Settings
 from .._timing import monotonic
 from .._tmppath import make_test_dir, prune_test_dir
@@ -189,6 +189,7 @@ class Controller:
         run = self.run(item, n)
         reports = self.merge(run)
         for report in reports:
+            keep_reported(item, report)
             ihook.pytest_runtest_logreport(report=report)
         self.log_warnings(run)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
