@@ -39,6 +39,7 @@ __all__ = [
     "World",
     "assert_criterion_v2",
     "assert_parity",
+    "assertion_results",
     "collected",
     "data_parallel_mesh",
     "expect_fault_rejected",
@@ -77,6 +78,7 @@ _LAZY = {
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
     "assert_parity": "pytest_sprite.assertions.parity",
+    "assertion_results": "pytest_sprite._results",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
@@ -89,7 +91,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from ._collected import collected
-    from ._results import progress, record_assertion
+    from ._results import assertion_results, progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,

@@ -166,7 +166,7 @@ def test_ranks_tests_report_each_rank_and_the_progress_lines(pytester: pytest.Py
     pytester.makeconftest(
         """
         import pytest
-        from pytest_sprite._results import assertion_results
+        from pytest_sprite import assertion_results
 
         @pytest.hookimpl(wrapper=True)
         def pytest_runtest_protocol(item):
