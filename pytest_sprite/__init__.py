@@ -39,10 +39,13 @@ __all__ = [
     "World",
     "assert_criterion_v2",
     "assert_parity",
+    "assertion_results",
     "collected",
     "data_parallel_mesh",
     "expect_fault_rejected",
     "load_arm_record",
+    "progress",
+    "record_assertion",
     "tensor_digest",
 ]
 
@@ -75,16 +78,20 @@ _LAZY = {
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
     "assert_parity": "pytest_sprite.assertions.parity",
+    "assertion_results": "pytest_sprite._results",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
+    "progress": "pytest_sprite._results",
+    "record_assertion": "pytest_sprite._results",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
 
 if TYPE_CHECKING:
     from ._collected import collected
+    from ._results import assertion_results, progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,

@@ -28,6 +28,7 @@ QWEN_PATH_ENV: Final = "SPRITE_QWEN_PATH"
 DEFAULT_TIMEOUT: Final = 300.0
 DEFAULT_GRACE: Final = 5.0
 DEFAULT_CONNECT_TIMEOUT: Final = 120.0
+SUMMARY_CHOICES: Final = ("auto", "no")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,30 @@ OPTIONS: Final = (
         "DIR",
     ),
     _Option(
+        "--sprite-report",
+        "sprite_report",
+        "sprite_report",
+        "SPRITE_REPORT",
+        "Write one JSON report of the session to PATH (never over an existing file: see --sprite-report-overwrite).",
+        "PATH",
+    ),
+    _Option(
+        "--sprite-plots",
+        "sprite_plots",
+        "sprite_plots",
+        "SPRITE_PLOTS",
+        "Write PNG plots of the assertions' figures into DIR (needs matplotlib: pip install pytest-sprite[plots]).",
+        "DIR",
+    ),
+    _Option(
+        "--sprite-summary",
+        "sprite_summary",
+        "sprite_summary",
+        "SPRITE_SUMMARY",
+        f"Assertion tables after the run: {', '.join(SUMMARY_CHOICES)} (default auto: shown, shortened by -q).",
+        "WHEN",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -154,6 +179,13 @@ def register_options(parser: pytest.Parser) -> None:
         "collective_check",
         help=f"{COLLECTIVE_CHECK_HELP} (Environment: SPRITE_COLLECTIVE_CHECK.)",
         default=None,
+    )
+    group.addoption(
+        "--sprite-report-overwrite",
+        dest="sprite_report_overwrite",
+        action="store_true",
+        default=False,
+        help="Let --sprite-report replace an existing file.",
     )
     group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse.SUPPRESS)
 
@@ -219,6 +251,13 @@ class Settings:
     qwen_path: str | None
     collective_check: bool = False
     """``--collective-check``: ranks run with torch's collective fingerprint checks."""
+    report: str | None = None
+    """``--sprite-report``: where the session's JSON report goes."""
+    report_overwrite: bool = False
+    plots: str | None = None
+    """``--sprite-plots``: directory for PNG plots."""
+    summary: str = "auto"
+    """``--sprite-summary``: auto (tables shown, -q shortens them) or no."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -247,6 +286,12 @@ class Settings:
             where = device[1] if device else "--device"
             raise SpriteUsageError(f"{where}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")
         host = get("sprite_controller_host")
+        summary = get("sprite_summary")
+        summary_name = str(summary[0]).strip() if summary else "auto"
+        if summary is not None and summary_name not in SUMMARY_CHOICES:
+            raise SpriteUsageError(
+                f"{summary[1]}={summary_name!r}: valid values are {', '.join(SUMMARY_CHOICES)}"
+            )
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -266,4 +311,8 @@ class Settings:
             artifacts=text("sprite_artifacts"),
             qwen_path=text("sprite_qwen_path"),
             collective_check=_collective_check(config),
+            report=text("sprite_report"),
+            report_overwrite=bool(config.getoption("sprite_report_overwrite", False)),
+            plots=text("sprite_plots"),
+            summary=summary_name,
         )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ._markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
+from ._results import ResultsPlugin
 from ._settings import Settings, register_options, settings_key
 from .errors import SpriteUsageError
 
@@ -30,6 +31,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     register_options(parser)
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
@@ -38,6 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except SpriteUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
+    config.pluginmanager.register(ResultsPlugin(), "sprite-results")
     agent_address = config.getoption("sprite_agent", None)
     if agent_address:
         from .rank.main import AgentSessionPlugin
@@ -47,6 +55,18 @@ def pytest_configure(config: pytest.Config) -> None:
         from .launch.controller import Controller
 
         config.pluginmanager.register(Controller(config, settings), "sprite-controller")
+        if not hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller reports
+            _register_reporter(config, settings)
+
+
+def _register_reporter(config: pytest.Config, settings: Settings) -> None:
+    from .report.session import SpriteReporter
+
+    try:
+        reporter = SpriteReporter(config, settings)
+    except SpriteUsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(reporter, "sprite-reports")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "FrameTooLarge",
     "Interrupted",
     "Output",
+    "Progress",
     "Report",
     "Run",
     "RunSpec",
@@ -154,6 +155,14 @@ class Warning_(TypedDict):
     lineno: int
 
 
+class Progress(TypedDict):
+    """``progress``: a progress line of a long assertion on rank 0 (``pytest_sprite.progress``), shown at once."""
+
+    run_id: int
+    rank: int
+    message: str
+
+
 class Interrupted(TypedDict):
     """``interrupted``: KeyboardInterrupt in the test; the session ends after it."""
 
@@ -215,6 +224,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
     "collected": Collected,
     "output": Output,
     "warning": Warning_,
+    "progress": Progress,
     "interrupted": Interrupted,
     "child_exited": ChildExited,
     "agent_error": AgentError,

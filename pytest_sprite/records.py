@@ -138,6 +138,11 @@ class ArmRecord:
     """Per rank: digest of every frozen tensor after the last step."""
     wall_s: float = 0.0
     """Wall time of the arm, seconds (fit plus gathering the record)."""
+    source: str | None = None
+    """Directory the record was written to under ``--sprite-artifacts`` (or read from), None when not stored.
+
+    Not part of the record itself: assertions name it so that ``python -m pytest_sprite judge`` finds their inputs.
+    """
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -397,6 +402,8 @@ class Bf16ArmRecord:
     """One entry per optimizer step taken."""
     wall_s: float = 0.0
     """Wall time of the arm, seconds."""
+    source: str | None = None
+    """Directory the record was written to under ``--sprite-artifacts`` (or read from), None when not stored."""
 
     def __post_init__(self) -> None:
         problems: list[str] = []

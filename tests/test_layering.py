@@ -74,7 +74,8 @@ def _p(name: str) -> str:
         # The code under test never imports the plugin: only rank detection, the device chooser and errors.
         ("lightning", ("lightning", "_rankenv", "_device", "errors")),
         # The assertions judge records and the fault registry; they never reach the recipes or the harness.
-        ("assertions", ("assertions", "records", "faults", "errors", "_ranges", "_timing")),
+        # ... and record their results through the one results module (issue 13).
+        ("assertions", ("assertions", "records", "faults", "errors", "_ranges", "_timing", "_results")),
         # The recipes train arms: records, faults, the code under test, the world; never the assertions.
         (
             "recipes",
@@ -88,8 +89,11 @@ def _p(name: str) -> str:
                 "_device",
                 "_settings",
                 "_timing",
+                "_results",
             ),
         ),
+        # Results and progress lines: stdlib and pytest, plus the in-rank world to know the rank.
+        ("_results", ("world",)),
         ("records", ("errors",)),
         ("faults", ("errors",)),
         ("_device", ()),

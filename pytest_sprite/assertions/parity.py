@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from pytest_sprite._ranges import fold_ranks
+from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_count, format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
@@ -86,6 +87,10 @@ class ArmParity:
     """Frozen tensors in the model."""
     failed: tuple[FailedCheck, ...]
     """Checks this arm failed, empty when it passed."""
+    pre_norm_rel_steps: tuple[float, ...] = ()
+    """Per step: the largest relative error of the pre-clip norm over ranks (what the plots draw)."""
+    post_norm_rel_steps: tuple[float, ...] = ()
+    """Per step: the largest relative error of the post-clip norm over ranks."""
 
     @property
     def passed(self) -> bool:
@@ -122,6 +127,8 @@ class ArmParity:
             "frozen_changed": self.frozen_changed,
             "frozen_total": self.frozen_total,
             "failed": [f.to_dict() for f in self.failed],
+            "pre_norm_rel_steps": [_json(x) for x in self.pre_norm_rel_steps],
+            "post_norm_rel_steps": [_json(x) for x in self.post_norm_rel_steps],
         }
 
 
@@ -190,6 +197,7 @@ def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> Parit
         ),
         arms=tuple(_compare(ref, arm, rtol) for arm in arms),
     )
+    record_assertion(result, inputs=[r.source for r in (ref, *arms)])
     if not result.passed:
         raise ParityError(result.report(), failed=result.failed, result=result)
     return result
@@ -345,6 +353,18 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
         frozen_changed=len(changed),
         frozen_total=len(ref.frozen_names),
         failed=tuple(failed),
+        pre_norm_rel_steps=_norm_rel_steps(ref.pre_clip_norms, arm.pre_clip_norms),
+        post_norm_rel_steps=_norm_rel_steps(ref.post_clip_norms, arm.post_clip_norms),
+    )
+
+
+def _norm_rel_steps(
+    ref: tuple[tuple[float, ...], ...], arm: tuple[tuple[float, ...], ...]
+) -> tuple[float, ...]:
+    """Per step, the largest relative error over ranks (nan counts as infinite)."""
+    return tuple(
+        max((math.inf if math.isnan(v) else _rel(v, ref_step[0]) for v in arm_step), default=0.0)
+        for ref_step, arm_step in zip(ref, arm, strict=True)
     )
 
 

@@ -21,6 +21,7 @@ from .._collected import store_collected
 from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
 from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
+from .._results import keep_reported, progress_line, write_progress
 from .._settings import Settings
 from .._timing import monotonic
 from .._tmppath import make_test_dir, prune_test_dir
@@ -33,6 +34,7 @@ from ..protocol import (
     Collected,
     Interrupted,
     Output,
+    Progress,
     Report,
     RunSpec,
     Warning_,
@@ -99,6 +101,8 @@ class _Run:
     """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
     warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)
     """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
+    hosts: dict[int, str] = field(default_factory=dict)
+    """Host of each rank's agent, for the per-rank outcomes of the reports."""
 
     @property
     def live(self) -> list[int]:
@@ -185,6 +189,7 @@ class Controller:
         run = self.run(item, n)
         reports = self.merge(run)
         for report in reports:
+            keep_reported(item, report)
             ihook.pytest_runtest_logreport(report=report)
         self.log_warnings(run)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -242,6 +247,7 @@ class Controller:
             return run
         basetemp, run.test_dir = make_test_dir(self.config, item.name)
         run.started = monotonic()
+        run.hosts = {rank: pool.agents[rank].host for rank in range(n)}
         placement = pool.placement(n)
         for rank in range(n):
             where = placement[rank]
@@ -317,6 +323,10 @@ class Controller:
         """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
         key = (payload["category"], payload["message"], payload["filename"], int(payload["lineno"]))
         run.warnings.setdefault(key, []).append(rank)
+
+    def on_progress(self, pool: AgentPool, run: _Run, rank: int, payload: Progress) -> None:
+        """Emitted by rank 0's child through ``pytest_sprite.progress``: show it now."""
+        write_progress(self.config, progress_line(run.item.nodeid, payload["message"]))
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
@@ -418,6 +428,7 @@ class Controller:
             ends=run.ends,
             world_size=run.n,
             failure_order=run.failed,
+            hosts=run.hosts,
         )
 
     def shutdown(self) -> None:

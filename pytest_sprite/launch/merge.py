@@ -17,6 +17,7 @@ from _pytest.reports import TestReport
 
 from .._collectives import waiting_collective
 from .._ranges import fold_ranks
+from .._results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
 from ..protocol import EndedBy
 
 __all__ = [
@@ -25,7 +26,9 @@ __all__ = [
     "RankFailures",
     "merge_rank_reports",
     "phase_in_progress",
+    "rank_outcomes",
 ]
+
 
 PHASES = ("setup", "call", "teardown")
 Phase = Literal["setup", "call", "teardown"]
@@ -177,13 +180,16 @@ def merge_rank_reports(
     ends: dict[int, RankEnd],
     world_size: int,
     failure_order: Sequence[int] = (),
+    hosts: dict[int, str] | None = None,
 ) -> list[TestReport]:
     """One report per phase that any rank reached, merged over ranks.
 
     ``per_rank[r]`` are the reports rank r sent, in order; ``ends[r]`` how its child ended.
     ``failure_order`` lists ranks in the order they failed: the first failure is shown first,
-    since it is usually the cause and the others its consequence.
+    since it is usually the cause and the others its consequence. The last merged report carries
+    every rank's outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host.
     """
+    outcomes = rank_outcomes(per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {})
     by_phase: dict[str, dict[int, TestReport]] = {p: {} for p in PHASES}
     for rank in range(world_size):
         reports = list(per_rank.get(rank, []))
@@ -216,7 +222,62 @@ def merge_rank_reports(
                     phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order, ends
                 )
             )
+    if merged:
+        setattr(merged[-1], RANKS_ATTR, outcomes)
     return merged
+
+
+_ENDED_BY_OUTCOME = {
+    "timeout": "timeout",
+    "peer_failed": "ended",
+    "agent_lost": "lost",
+    "agent_error": "lost",
+}
+
+
+def rank_outcomes(
+    *,
+    per_rank: dict[int, list[TestReport]],
+    ends: dict[int, RankEnd],
+    world_size: int,
+    hosts: dict[int, str],
+) -> list[dict[str, Any]]:
+    """One entry per rank: outcome, exit code or signal, duration, host and device.
+
+    The outcome is the rank's own: ``failed`` / ``skipped`` / ``passed`` from its reports when its child
+    ran to its end; ``crashed`` (it died by a signal or exited early), ``timeout``, ``ended`` (ended after
+    a peer failed) or ``lost`` (its agent was lost or could not run it) otherwise.
+    """
+    out = []
+    for rank in range(world_size):
+        reports = per_rank.get(rank, [])
+        end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
+        finished = bool(reports) and reports[-1].when == "teardown"
+        if end.ended_by is not None:
+            outcome = _ENDED_BY_OUTCOME[end.ended_by]
+        elif not finished or end.signal is not None:
+            outcome = "crashed"
+        elif any(r.failed for r in reports):
+            outcome = "failed"
+        elif any(r.skipped for r in reports):
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        device = next((getattr(r, DEVICE_ATTR) for r in reports if getattr(r, DEVICE_ATTR, None)), None)
+        out.append(
+            {
+                "rank": rank,
+                "outcome": outcome,
+                "exit_code": end.exitcode,
+                "signal": end.signal,
+                "signal_name": _signal_name(end.signal) if end.signal is not None else None,
+                "ended_by": end.ended_by,
+                "duration": sum(r.duration for r in reports) if reports else None,
+                "host": hosts.get(rank),
+                "device": device,
+            }
+        )
+    return out
 
 
 def _merge_phase(
@@ -274,6 +335,12 @@ def _merge_phase(
         duration=duration,
         user_properties=user_properties,
     )
+    # Every rank records the same verdict: keep the lowest rank's results rather than N copies.
+    recorded = next(
+        (getattr(reps[r], REPORT_ATTR) for r in ranks if getattr(reps[r], REPORT_ATTR, None)), None
+    )
+    if recorded:
+        setattr(merged, REPORT_ATTR, list(recorded))
     xfails = [getattr(reps[r], "wasxfail", None) for r in ranks]
     if not failed and all(x is not None for x in xfails):
         merged.wasxfail = str(xfails[0])

@@ -28,6 +28,7 @@ from .._device import select_device
 from .._process import redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
 from .._rankenv import LAUNCHER_VARIABLES
+from .._results import DEVICE_ATTR, set_progress_sink
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..world import World
 from .leftovers import lead_own_session
@@ -97,6 +98,9 @@ class ChildSession:
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         report = yield
         _annotate(report, call)
+        world = _world.current_world()
+        if world is not None:  # the device this rank ran on, for the per-rank outcomes of the reports
+            setattr(report, DEVICE_ATTR, str(world.device))
         data = item.config.hook.pytest_report_to_serializable(config=item.config, report=report)
         self.channel.send("report", report=data)
         return report
@@ -336,6 +340,7 @@ def run_child(
         _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)
         session = ChildSession(channel, spec, listen_fd)
+        set_progress_sink(lambda message: channel.send("progress", message=message))
         item.config.pluginmanager.register(session, "sprite-child")
         from _pytest.runner import runtestprotocol
 

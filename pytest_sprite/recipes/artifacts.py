@@ -8,6 +8,7 @@ same DIR finds them present and refuses, as the seed's arms refuse to overwrite 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -104,6 +105,9 @@ def load_arm_record(path: str | os.PathLike[str]) -> ArmRecord | Bf16ArmRecord:
     if not file.is_file():
         raise SpriteUsageError(f"no arm record at {file}; pass an arm directory under --sprite-artifacts")
     data = torch.load(file, map_location="cpu", weights_only=True)
-    if isinstance(data, dict) and data.get("kind") == "bf16":
-        return Bf16ArmRecord.from_dict(data)
-    return ArmRecord.from_dict(data)
+    record = (
+        Bf16ArmRecord.from_dict(data)
+        if isinstance(data, dict) and data.get("kind") == "bf16"
+        else ArmRecord.from_dict(data)
+    )
+    return dataclasses.replace(record, source=str(file.parent))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
+from pytest_sprite._results import progress
 from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import PlantSite, get_fault
@@ -514,6 +515,11 @@ def run_recipe(
     target = None
     if artifacts is not None:
         target = world.run_on_rank(0, artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault)
+    progress(
+        f"arm {arm}, {precision}"
+        + (f", accumulate {accumulate}" if accumulate != 1 else "")
+        + (f", fault {fault}" if fault else "")
+    )
     start = perf_counter()
     record: ArmRecord | Bf16ArmRecord
     if bf16:
@@ -543,6 +549,7 @@ def run_recipe(
     record = dataclasses.replace(record, wall_s=elapsed)
     if artifacts is not None and target is not None:
         world.run_on_rank(0, artifacts.write, target, record)
+        record = dataclasses.replace(record, source=str(target))
     return record
 
 

@@ -1,0 +1,238 @@
+"""``--sprite-plots DIR``: PNGs where a person would rather look than read (matplotlib, Agg backend).
+
+Each kind registers a plotter (:func:`register_plotter`) that turns one assertion payload into files,
+built from two shared figures: :func:`step_gaps_figure` (per-step gaps of each arm against the reference,
+with the threshold line: parity, criterion v2, resume continuation) and :func:`verdict_grid_figure`
+(a grid coloured by verdict: the crash-consistency matrix, crash point by rank). matplotlib is imported
+only when plots are written.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes.artifacts import test_dir_name
+from pytest_sprite.report.store import TestEntry
+
+__all__ = [
+    "PLOTTERS",
+    "VERDICT_COLOURS",
+    "check_plots_available",
+    "register_plotter",
+    "step_gaps_figure",
+    "verdict_grid_figure",
+    "write_plots",
+]
+
+GAP_FLOOR = 1e-12
+"""Exact zeros are drawn at this height on the log axis (and the legend says so)."""
+
+VERDICT_COLOURS: dict[str, str] = {
+    "pass": "#2e7d32",
+    "PASS": "#2e7d32",
+    "rejected": "#2e7d32",
+    "FAIL": "#c62828",
+    "fail": "#c62828",
+    "HARD_FAIL": "#c62828",
+    "NOT REJECTED": "#c62828",
+    "SILENT_DIVERGENCE": "#6a1b9a",
+    "LOST_WORK": "#ef6c00",
+    "void": "#9e9e9e",
+}
+"""Verdict -> colour; verdicts not listed are drawn grey."""
+
+Plotter = Callable[[Mapping[str, Any], Path], list[Path]]
+"""(payload, file stem without suffix) -> the files written."""
+
+PLOTTERS: dict[str, Plotter] = {}
+
+
+def register_plotter(kind: str, plotter: Plotter) -> None:
+    """Plot every payload of ``kind`` with ``plotter``."""
+    PLOTTERS[kind] = plotter
+
+
+def check_plots_available() -> None:
+    """Refuse ``--sprite-plots`` at the start of the session when matplotlib is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SpriteUsageError(
+            "--sprite-plots needs matplotlib, which is not installed; pip install 'pytest-sprite[plots]' "
+            "(or pip install matplotlib), or drop --sprite-plots"
+        )
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _floored(values: Iterable[float | str]) -> list[float]:
+    out = []
+    for v in values:
+        x = float(v)  # "inf" / "nan" strings from the payloads
+        out.append(GAP_FLOOR if x == 0 else (math.inf if math.isnan(x) else x))
+    return out
+
+
+def step_gaps_figure(
+    path: Path,
+    *,
+    title: str,
+    series: Mapping[str, Sequence[float | str]],
+    threshold: float,
+    ylabel: str,
+    styles: Mapping[str, str] | None = None,
+    colors: Mapping[str, str] | None = None,
+) -> Path:
+    """One line per series (gap per step, log scale) and the threshold as a dashed red line.
+
+    ``styles`` / ``colors``: matplotlib format string and colour per series (one colour per arm, one
+    style per figure of it).
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
+    try:
+        top = threshold
+        for label, values in series.items():
+            ys = _floored(values)
+            finite = [y for y in ys if math.isfinite(y)]
+            top = max([top, *finite])
+            # Infinite gaps (a nan norm) are drawn at the top of the axis, marked with x.
+            drawn = [y if math.isfinite(y) else top * 10 for y in ys]
+            ax.plot(
+                range(len(ys)),
+                drawn,
+                (styles or {}).get(label, "o-"),
+                label=label,
+                markersize=4,
+                color=(colors or {}).get(label),
+            )
+        ax.axhline(
+            threshold, color="#c62828", linestyle="--", linewidth=1.2, label=f"threshold {threshold:g}"
+        )
+        ax.set_yscale("log")
+        ax.set_ylim(GAP_FLOOR / 3, max(top, threshold) * 30)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}", title_fontsize=7)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def verdict_grid_figure(
+    path: Path,
+    *,
+    title: str,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    verdicts: Mapping[tuple[str, str], str],
+    xlabel: str = "rank",
+    ylabel: str = "crash point",
+) -> Path:
+    """A grid of cells (row x column) coloured by verdict, with a legend of the verdicts present."""
+    plt = _pyplot()
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Patch
+
+    grey = to_rgb("#e0e0e0")
+    image = [
+        [
+            to_rgb(VERDICT_COLOURS.get(verdicts[(r, c)], "#9e9e9e")) if (r, c) in verdicts else grey
+            for c in columns
+        ]
+        for r in rows
+    ]
+    fig, ax = plt.subplots(
+        figsize=(max(7.0, 4.5 + 0.4 * len(columns)), max(3.0, 1.2 + 0.3 * len(rows))), dpi=110
+    )
+    try:
+        ax.imshow(image, aspect="auto", interpolation="nearest")
+        # White lines between cells, so neighbouring cells of one verdict stay countable.
+        ax.set_xticks([x - 0.5 for x in range(1, len(columns))], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, len(rows))], minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.5)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xticks(range(len(columns)), labels=list(columns), fontsize=7)
+        ax.set_yticks(range(len(rows)), labels=list(rows), fontsize=7)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        present = list(dict.fromkeys(verdicts.values()))
+        ax.legend(
+            handles=[Patch(color=VERDICT_COLOURS.get(v, "#9e9e9e"), label=v) for v in present],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
+    series: dict[str, Sequence[float | str]] = {}
+    styles: dict[str, str] = {}
+    colors: dict[str, str] = {}
+    for i, arm in enumerate(payload["arms"]):
+        if arm.get("pre_norm_rel_steps"):
+            for figure, key, style in (
+                ("pre-clip", "pre_norm_rel_steps", "o-"),
+                ("post-clip", "post_norm_rel_steps", "s:"),
+            ):
+                label = f"{arm['label']} {figure}"
+                series[label] = arm[key]
+                styles[label] = style
+                colors[label] = f"C{i % 10}"
+    if not series:
+        return []
+    verdict = "passed" if payload.get("passed") else "failed"
+    return [
+        step_gaps_figure(
+            stem.parent / f"{stem.name}.png",
+            title=f"FP32 parity {verdict}: gradient-norm gap per step vs the single-device reference\n{stem.name}",
+            series=series,
+            threshold=float(payload["rtol"]),
+            ylabel="relative gap |arm - ref| / ref (worst rank)",
+            styles=styles,
+            colors=colors,
+        )
+    ]
+
+
+register_plotter("parity", _parity_plot)
+# criterion_v2 (per-step gaps of ddp / fsdp against split), resume (continuation gaps after the resume) and
+# crash_consistency (verdict_grid_figure: crash point x rank) register theirs next to their tables.
+
+
+def write_plots(entries: Iterable[TestEntry], directory: str) -> list[Path]:
+    """Every registered kind's plots for every test, as ``DIR/<test>-<kind>-<n>.png``."""
+    written: list[Path] = []
+    root = Path(directory)
+    for entry in entries:
+        for i, payload in enumerate(entry.assertions, start=1):
+            plotter = PLOTTERS.get(str(payload["kind"]))
+            if plotter is not None:
+                stem = root / f"{test_dir_name(entry.nodeid)}-{payload['kind']}-{i}"
+                written += plotter(payload, stem)
+    return written

@@ -1,0 +1,110 @@
+"""The reporter plugin of the controlling pytest process (``sprite-reports``): one store, every form.
+
+Registered by ``plugin.py`` in the process that logs the session's results: the controller, or
+pytest-xdist's controller (never an xdist worker, a rank agent or a test child).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_sprite._settings import Settings
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.report.store import ResultStore
+
+__all__ = ["SpriteReporter"]
+
+
+class SpriteReporter:
+    """Collects every logged report into a :class:`ResultStore` and writes the report forms from it."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.store = ResultStore(config)
+        self.created = time.time()
+        self.started = time.perf_counter()
+        self.collected = 0
+        self.written: list[tuple[str, Path]] = []
+        if settings.report:
+            from pytest_sprite.report.json_report import check_target
+
+            check_target(settings.report, overwrite=settings.report_overwrite)
+        if settings.plots:
+            from pytest_sprite.report.plots import check_plots_available
+
+            check_plots_available()
+
+    # -- hooks (each hands off to a method) ---------------------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected = len(session.items)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.take(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.write_files(int(exitstatus))
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        self.summarize(terminalreporter)
+
+    # -- work ----------------------------------------------------------------------------------
+
+    def take(self, report: pytest.TestReport) -> None:
+        """Store one report; on a teardown, hand junitxml the test's properties (it reads teardown's)."""
+        entry = self.store.add(report)
+        if report.when == "teardown":
+            from pytest_sprite.report.junit import junit_properties
+
+            present = set(report.user_properties)
+            report.user_properties.extend(p for p in junit_properties(entry) if p not in present)
+
+    def write_files(self, exitstatus: int) -> None:
+        entries = list(self.store.tests.values())
+        if self.settings.report:
+            from pytest_sprite.report.json_report import build_document, write_document
+
+            controller = self.config.pluginmanager.get_plugin("sprite-controller")
+            world = getattr(controller, "world_size", None) if controller is not None else None
+            document = build_document(
+                entries=entries,
+                created=self.created,
+                duration=time.perf_counter() - self.started,
+                exitcode=exitstatus,
+                root=str(self.config.rootpath),
+                launcher=self.settings.launcher,
+                world_size=world,
+                device=self.settings.device,
+                collected=self.collected,
+            )
+            self.config.hook.pytest_sprite_report(report=document, config=self.config)
+            try:
+                path = write_document(
+                    document, self.settings.report, overwrite=self.settings.report_overwrite
+                )
+            except SpriteUsageError as exc:
+                self.written.append((f"not written: {exc}", Path(self.settings.report)))
+            else:
+                self.written.append(("JSON report", path))
+        if self.settings.plots:
+            from pytest_sprite.report.plots import write_plots
+
+            plots = write_plots(entries, self.settings.plots)
+            if plots:
+                self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
+
+    def summarize(self, terminalreporter: Any) -> None:
+        if self.settings.summary != "no":
+            from pytest_sprite.report.terminal import write_summary
+
+            short = self.config.get_verbosity() < 0
+            write_summary(terminalreporter, self.store.tests.values(), short=short)
+        for what, path in self.written:
+            terminalreporter.write_line(f"sprite: {what}: {path}")
