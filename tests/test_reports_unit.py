@@ -189,3 +189,55 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         height, width, _ = matplotlib.image.imread(path).shape
         assert height > 100 and width > 100
+
+
+def _scored(label: str, role: str, passed: bool, fault: str | None = None) -> dict[str, object]:
+    return {
+        "role": role,
+        "label": label,
+        "fault": fault,
+        "passed": passed,
+        "pre_norm_rel": 0.0 if passed else 0.5,
+        "max_gradient_gap": 1e-6,
+        "update_rel_l2": 2e-6,
+        "max_update_gap": 3e-6,
+        "gradients_over": 0 if passed else 2,
+        "updates_over": 0,
+        "tensors": 3,
+    }
+
+
+def criterion(
+    verdict: str, *, gate: bool = True, ddp: bool = True, fault: str | None = None
+) -> dict[str, object]:
+    failed = [] if ddp else [{"arm": "ddp", "check": "pre_norm", "fault": fault, "detail": "d"}]
+    return {
+        "kind": "criterion_v2",
+        "verdict": verdict,
+        "ranks": 2,
+        "global_batch": 4,
+        "scored": [_scored("ddp", "ddp", ddp, fault), _scored("fsdp", "fsdp", True)],
+        "gate": _scored("split_premul", "gate", gate),
+        "invariants": [{"name": "dtype", "passed": True, "failures": []}],
+        "failed": failed,
+    }
+
+
+def test_criterion_rows_score_void_and_faults() -> None:
+    from pytest_sprite.report.kinds import criterion_rows
+
+    passing = criterion_rows(criterion("pass"))
+    assert [(r.cells[0], r.verdict) for r in passing] == [
+        ("ddp vs split", "pass"),
+        ("fsdp vs split", "pass"),
+        ("gate (split_premul)", "pass"),
+        ("invariants (1 of 1 hold)", "pass"),
+    ]
+    assert passing[0].cells[3:] == ("0", "1.00e-6", "2.00e-6", "3.00e-6", "0+0 of 6")
+    void = criterion_rows(criterion("void", gate=False))
+    assert [r.verdict for r in void] == ["void", "void", "void", "pass"]
+    assert [r.verdict for r in criterion_rows(criterion("fail", ddp=False))][:2] == ["FAIL", "pass"]
+    faulted = criterion_rows(criterion("fail", ddp=False, fault="wrong-scale"))
+    assert faulted[0].verdict == "rejected"
+    missed = criterion_rows(criterion("pass", fault="wrong-scale"))
+    assert missed[0].verdict == "NOT REJECTED"

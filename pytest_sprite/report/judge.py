@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.records import ArmRecord
 from pytest_sprite.report.kinds import get_kind
 
 __all__ = ["JUDGES", "Judged", "judge_directory", "judge_manifest", "register_judge"]
@@ -35,18 +36,41 @@ def _judge_parity(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, An
     from pytest_sprite.assertions.parity import ParityError, assert_parity
     from pytest_sprite.recipes.artifacts import load_arm_record
 
-    ref, *arms = (load_arm_record(p) for p in inputs)
+    records = [load_arm_record(p) for p in inputs]
+    fp32 = [r for r in records if isinstance(r, ArmRecord)]
+    if len(fp32) != len(records):
+        raise SpriteUsageError(f"a parity manifest names BF16 records: {', '.join(map(str, inputs))}")
     try:
-        result = assert_parity(ref, *arms, rtol=float(stored["rtol"]))
+        result = assert_parity(fp32[0], *fp32[1:], rtol=float(stored["rtol"]))
     except ParityError as exc:
         result = exc.result
     payload: dict[str, Any] = result.to_dict()
     return payload
 
 
+def _judge_criterion_v2(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, Any]:
+    from pytest_sprite.assertions.criterion_v2 import CriterionError, assert_criterion_v2
+    from pytest_sprite.recipes.artifacts import load_arm_record
+    from pytest_sprite.records import BF16_ARMS, Bf16ArmRecord
+
+    records = [load_arm_record(p) for p in inputs]
+    bf16 = [r for r in records if isinstance(r, Bf16ArmRecord)]
+    if len(bf16) != len(BF16_ARMS) or len(bf16) != len(records):
+        raise SpriteUsageError(
+            f"a criterion_v2 manifest needs the six BF16 records, got {len(records)} inputs"
+        )
+    try:
+        result = assert_criterion_v2(dict(zip(BF16_ARMS, bf16, strict=True)))
+    except CriterionError as exc:
+        result = exc.result
+    payload: dict[str, Any] = result.to_dict()
+    return payload
+
+
 register_judge("parity", _judge_parity)
-# criterion_v2 (arm records -> assert_criterion_v2), resume and crash_consistency (their stored runs and
-# matrices) register theirs here: one function each, from the stored payload and its inputs.
+register_judge("criterion_v2", _judge_criterion_v2)
+# resume and crash_consistency (their stored runs and matrices) register theirs here: one function each,
+# from the stored payload and its inputs.
 
 
 @dataclass(frozen=True, kw_only=True)
