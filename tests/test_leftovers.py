@@ -106,6 +106,7 @@ def test_stat_names_with_parentheses_and_zombies(tmp_path: Path, monkeypatch: py
         },
     )
     monkeypatch.setattr(leftovers, "_PROC", tmp_path)
+    monkeypatch.setattr(leftovers, "_session_of", lambda pid: leftovers._read_stat(pid)[2])  # type: ignore[index]
     assert session_processes(7, exclude={7}) == {
         10: "python -c 'print('\"'\"'a b'\"'\"')'",
         11: "[odd) (name]",
@@ -115,6 +116,7 @@ def test_stat_names_with_parentheses_and_zombies(tmp_path: Path, monkeypatch: py
 def test_long_commands_are_shortened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_proc(tmp_path, {10: ("sh", "S", 7, b"sh\0-c\0" + b"x" * 500 + b"\0")})
     monkeypatch.setattr(leftovers, "_PROC", tmp_path)
+    monkeypatch.setattr(leftovers, "_session_of", lambda pid: leftovers._read_stat(pid)[2])  # type: ignore[index]
     (command,) = session_processes(7).values()
     assert len(command) == 200 and command.startswith("sh -c xxx") and command.endswith("...")
 

@@ -80,6 +80,14 @@ def _read_stat(pid: int) -> tuple[str, int, int, str] | None:
     return fields[0], int(fields[1]), int(fields[3]), data[open_paren + 1 : close_paren]
 
 
+def _session_of(pid: int) -> int | None:
+    """The session id of ``pid``, None if it is gone (Linux answers for any process)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def _command(pid: int, name: str) -> str:
     try:
         raw = (_PROC / str(pid) / "cmdline").read_bytes()
@@ -96,7 +104,7 @@ def _proc_session_processes(sid: int, exclude: Collection[int]) -> dict[int, str
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        if pid in exclude:
+        if pid in exclude or _session_of(pid) != sid:  # one syscall, not a file read, per process
             continue
         stat = _read_stat(pid)
         if stat is None or stat[2] != sid or stat[0] in ("Z", "X"):  # zombies have already exited
