@@ -1229,12 +1229,14 @@ def _show(shards: tuple[tuple[int, ...], ...], limit: int = 4) -> str:
 
 
 def _short(x: float) -> str:
-    if x == 0:
-        return "0"
-    if not math.isfinite(x):
+    """Two significant digits, as the seed's per-step diagnostic columns (``1.9e-10``, ``0.012``, ``0``)."""
+    if x == 0 or not math.isfinite(x):
         return format_figure(x)
-    mantissa, exponent = f"{x:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}" if abs(x) < 0.01 else f"{x:.2g}"
+    rounded = float(f"{x:.1e}")
+    if abs(rounded) < 0.01:
+        mantissa, exponent = f"{rounded:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{rounded:.2g}"
 
 
 def _cell(x: float | str | None) -> str:
