@@ -79,6 +79,11 @@ Arm   Pre-clip norm rel  Max tensor gradient gap  Update rel L2  Max tensor upda
 gate  0                  0                        0              0
 ddp   0                  1.93e-10                 0              0
 fsdp  0                  1.69e-10                 5.63e-7        2.01e-5"""
+SEED_A100_N3 = """\
+Arm   Pre-clip norm rel  Max tensor gradient gap  Update rel L2  Max tensor update gap
+gate  7.20e-9            3.47e-7                  5.79e-7        2.05e-5
+ddp   7.19e-9            3.47e-7                  6.15e-7        2.80e-5
+fsdp  2.58e-9            8.17e-8                  4.21e-7        1.76e-5"""
 SEED_FAULTS = """\
 Fault          Arm   Status    Rejecting evidence   Pre-clip norm rel  Max tensor gradient gap  Tensors over
 missing-rank   ddp   rejected  pre_norm, gradients  0.238              0.526                    194/194 gradients, 194/194 updates
@@ -164,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     print("Scored step-0 comparisons of this run (against split; gate is split_premul):")
     print(textwrap.indent(clean["scored"], "  "))
     print()
-    print("Seed anchor, cell A100 n4 (4x A100-SXM4-40GB, Qwen2.5-0.5B, global batch 8):")
-    print(textwrap.indent(SEED_A100_N4, "  "))
+    if args.ranks == 3:
+        print("Seed anchor, cell A100 n3 (3x A100-SXM4-40GB, Qwen2.5-0.5B, global batch 6):")
+        print(textwrap.indent(SEED_A100_N3, "  "))
+    else:
+        print("Seed anchor, cell A100 n4 (4x A100-SXM4-40GB, Qwen2.5-0.5B, global batch 8):")
+        print(textwrap.indent(SEED_A100_N4, "  "))
     print()
     print("Diagnostics of this run (never scored):")
     print(textwrap.indent(clean["diagnostics"], "  "))
