@@ -34,8 +34,15 @@ def register_judge(kind: str, judge: Judge) -> None:
 def _judge_parity(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, Any]:
     from pytest_sprite.assertions.parity import ParityError, assert_parity
     from pytest_sprite.recipes.artifacts import load_arm_record
+    from pytest_sprite.records import ArmRecord
 
-    ref, *arms = (load_arm_record(p) for p in inputs)
+    records = [load_arm_record(p) for p in inputs]
+    bf16 = [str(p) for p, r in zip(inputs, records, strict=True) if not isinstance(r, ArmRecord)]
+    if bf16:
+        raise SpriteUsageError(
+            f"a parity manifest lists BF16 arm records ({', '.join(bf16)}); those are judged by criterion v2"
+        )
+    ref, *arms = (r for r in records if isinstance(r, ArmRecord))
     try:
         result = assert_parity(ref, *arms, rtol=float(stored["rtol"]))
     except ParityError as exc:
