@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pytest_sprite._ranges import fold_ranks
+from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
@@ -518,6 +519,7 @@ class CriterionResult:
         return {
             "kind": self.kind,
             "verdict": self.verdict,
+            "passed": self.passed,
             "reason": self.reason,
             "ranks": self.ranks,
             "global_batch": self.global_batch,
@@ -603,6 +605,7 @@ def assert_criterion_v2(arms: Mapping[str, Bf16ArmRecord]) -> CriterionResult:
         faults=tuple((a.fault, a.label) for a in arms.values() if a.fault is not None),
         failed=failed,
     )
+    record_assertion(result, inputs=[arms[a].source for a in BF16_ARMS])
     if verdict != "pass":
         raise CriterionError(result.report(), failed=failed, result=result)
     return result
