@@ -98,12 +98,16 @@ def check_fault(world: Any, lora_qwen: Any, fault: str, arm: str) -> None:
     assert row["arm"] == f"{arm} (fault {fault})"
     comparison = next(c for c in result.scored if c.role == arm)
     observations = 5 * n
-    if fault in (
-        "wrong-scale",
-        "scale-grad",
-    ):  # the seed: N times the gradient, the clip hides it in the update
+    if fault == "scale-grad":  # the seed: N times the synchronized gradient; the clip hides it in the update
         assert comparison.pre_norm_rel == pytest.approx(n - 1, rel=1e-4)
         assert comparison.gradients_over == len(comparison.gradients) and comparison.updates_over == 0
+    elif (
+        fault == "wrong-scale"
+    ):  # N times the loss: exactly N times the gradient only when N is a power of two
+        assert comparison.pre_norm_rel == pytest.approx(n - 1, rel=1e-2)
+        assert comparison.gradients_over == len(comparison.gradients)
+        if n & (n - 1) == 0:
+            assert comparison.updates_over == 0
     elif fault == "missing-rank":
         assert comparison.gradients_over == len(comparison.gradients)
     elif fault == "fp32-backbone":

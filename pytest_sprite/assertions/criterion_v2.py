@@ -519,6 +519,7 @@ class CriterionResult:
         return {
             "kind": self.kind,
             "verdict": self.verdict,
+            "passed": self.passed,
             "reason": self.reason,
             "ranks": self.ranks,
             "global_batch": self.global_batch,
@@ -1231,12 +1232,14 @@ def _show(shards: tuple[tuple[int, ...], ...], limit: int = 4) -> str:
 
 
 def _short(x: float) -> str:
-    if x == 0:
-        return "0"
-    if not math.isfinite(x):
+    """Two significant digits, as the seed's per-step diagnostic columns (``1.9e-10``, ``0.012``, ``0``)."""
+    if x == 0 or not math.isfinite(x):
         return format_figure(x)
-    mantissa, exponent = f"{x:.1e}".split("e")
-    return f"{mantissa}e{int(exponent)}" if abs(x) < 0.01 else f"{x:.2g}"
+    rounded = float(f"{x:.1e}")
+    if abs(rounded) < 0.01:
+        mantissa, exponent = f"{rounded:.1e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return f"{rounded:.2g}"
 
 
 def _cell(x: float | str | None) -> str:

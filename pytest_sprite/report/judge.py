@@ -37,11 +37,14 @@ def _judge_parity(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, An
     from pytest_sprite.recipes.artifacts import load_arm_record
 
     records = [load_arm_record(p) for p in inputs]
-    fp32 = [r for r in records if isinstance(r, ArmRecord)]
-    if len(fp32) != len(records):
-        raise SpriteUsageError(f"a parity manifest names BF16 records: {', '.join(map(str, inputs))}")
+    bf16 = [str(p) for p, r in zip(inputs, records, strict=True) if not isinstance(r, ArmRecord)]
+    if bf16:
+        raise SpriteUsageError(
+            f"a parity manifest lists BF16 arm records ({', '.join(bf16)}); those are judged by criterion v2"
+        )
+    ref, *arms = (r for r in records if isinstance(r, ArmRecord))
     try:
-        result = assert_parity(fp32[0], *fp32[1:], rtol=float(stored["rtol"]))
+        result = assert_parity(ref, *arms, rtol=float(stored["rtol"]))
     except ParityError as exc:
         result = exc.result
     payload: dict[str, Any] = result.to_dict()
