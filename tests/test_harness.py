@@ -417,7 +417,9 @@ def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.P
         result.stdout.fnmatch_lines(["*test_ranks_last_in_module PASSED*"])
 
 
-def test_capture_off_shows_every_ranks_output_marked_with_its_test_and_rank(pytester: pytest.Pytester) -> None:
+def test_capture_off_shows_every_ranks_output_marked_with_its_test_and_rank(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makepyfile(
         """
         import pytest
