@@ -424,7 +424,7 @@ def test_four(world, i):
     )
     runs = {pack: run(pytester, "--ranks=8", "--rank-grace=2", f"--pack={pack}") for pack in ("off", "on")}
     for result in runs.values():
-        result.assert_outcomes(passed=9, failed=3)
+        result.assert_outcomes(passed=10, failed=2)  # two-rank case 3 fails; four-rank case 6 fails
 
     def summary(result: pytest.RunResult) -> list[str]:
         return sorted(line for line in result.stdout.lines if re.match(r"^(FAILED|ERROR) |^E ", line))
