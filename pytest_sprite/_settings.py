@@ -78,6 +78,15 @@ OPTIONS: Final = (
         "SECONDS",
     ),
     _Option(
+        "--pack",
+        "sprite_pack",
+        "pack",
+        "SPRITE_PACK",
+        "on: run ranks tests side by side on free agents of the world, in collection order (default); "
+        "off: one ranks test at a time on agents 0..n-1.",
+        "on|off",
+    ),
+    _Option(
         "--ppn",
         "sprite_ppn",
         "ppn",
@@ -258,6 +267,8 @@ class Settings:
     """``--sprite-plots``: directory for PNG plots."""
     summary: str = "auto"
     """``--sprite-summary``: auto (tables shown, -q shortens them) or no."""
+    pack: bool = True
+    """``--pack``: ranks tests side by side on free agents (issue 14); False runs one at a time."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -292,6 +303,7 @@ class Settings:
             raise SpriteUsageError(
                 f"{summary[1]}={summary_name!r}: valid values are {', '.join(SUMMARY_CHOICES)}"
             )
+        pack = get("sprite_pack")
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -315,4 +327,13 @@ class Settings:
             report_overwrite=bool(config.getoption("sprite_report_overwrite", False)),
             plots=text("sprite_plots"),
             summary=summary_name,
+            pack=parse_on_off(*pack) if pack else True,
         )
+
+
+def parse_on_off(value: object, where: str) -> bool:
+    """``on`` or ``off`` (any case) from an option, ini or environment value."""
+    word = str(value).strip().lower()
+    if word not in ("on", "off"):
+        raise SpriteUsageError(f"{where}={value!r}: valid values are on, off")
+    return word == "on"

@@ -70,8 +70,11 @@ class RunSpec(TypedDict):
     rank: int
     world_size: int
     local_rank: int
+    """Rank among this test's ranks on its node (LOCAL_RANK), 0..local_size-1."""
     local_size: int
     node: int
+    device_index: int
+    """The agent's own launcher local rank: the device this child uses, so tests side by side never share one."""
     master_addr: str
     master_port: int
     device: str
@@ -116,7 +119,7 @@ class AgentReady(TypedDict):
     host: str
     pid: int
     next_port: int | None
-    """Rank 0: a listening port on its host for the first test's rendezvous store."""
+    """A listening port on its host for the rendezvous store of the first test whose rank 0 it runs."""
 
 
 class Report(TypedDict):
@@ -185,7 +188,7 @@ class ChildExited(TypedDict):
     leftovers: str
     """What a crashed or ended child left running and the agent ended (pid, command), or empty."""
     next_port: int | None
-    """Rank 0: the listening port for the next test's rendezvous, so no test waits on a round trip."""
+    """The agent's listening port for the rendezvous of the next test whose rank 0 it runs, so no test waits on a round trip."""
 
 
 class AgentError(TypedDict):

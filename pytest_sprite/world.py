@@ -33,7 +33,7 @@ class World:
     size: int
     """Number of ranks running this test."""
     local_rank: int
-    """Rank among the processes of this node; selects the device index."""
+    """Rank among this test's processes on this node (LOCAL_RANK); the device is the agent's own."""
     local_size: int
     """Number of ranks of this test on this node."""
     node: int

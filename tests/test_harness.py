@@ -381,7 +381,8 @@ def test_disabling_the_plugin_runs_tests_as_plain_pytest(pytester: pytest.Pytest
     result.assert_outcomes(passed=1)
 
 
-def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("pack", ["off", "on"])
+def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.Pytester, pack: str) -> None:
     pytester.makepyfile(
         test_a="""
         import pytest
@@ -403,14 +404,22 @@ def test_in_process_fixtures_are_torn_down_around_ranks_tests(pytester: pytest.P
             pass
         """,
     )
-    result = run(pytester, "-s", "-v")
+    result = run(pytester, "-s", "-v", f"--pack={pack}")
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(
-        ["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"]
-    )
+    if pack == "off":
+        result.stdout.fnmatch_lines(
+            ["*test_ranks_last_in_module PASSED*TORN DOWN a*", "*test_next_module_in_process PASSED*"]
+        )
+    else:
+        # Packed, the ranks test is logged when it finishes, which may be after the next module's test:
+        # module a is still torn down once that test has started, before the next module's test.
+        result.stdout.fnmatch_lines(["*TORN DOWN a*", "*test_next_module_in_process PASSED*"])
+        result.stdout.fnmatch_lines(["*test_ranks_last_in_module PASSED*"])
 
 
-def test_capture_off_shows_every_ranks_output_marked_with_its_rank(pytester: pytest.Pytester) -> None:
+def test_capture_off_shows_every_ranks_output_marked_with_its_test_and_rank(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makepyfile(
         """
         import pytest
@@ -422,7 +431,14 @@ def test_capture_off_shows_every_ranks_output_marked_with_its_rank(pytester: pyt
     )
     result = run(pytester, "-s")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines_random(["[[]rank 0[]] hello from rank 0", "[[]rank 1[]] hello from rank 1"])
+    result.stdout.fnmatch_lines_random(
+        [
+            "[[]test_capture_off_shows_every_ranks_output_marked_with_its_test_and_rank.py::test_prints rank 0[]] "
+            "hello from rank 0",
+            "[[]test_capture_off_shows_every_ranks_output_marked_with_its_test_and_rank.py::test_prints rank 1[]] "
+            "hello from rank 1",
+        ]
+    )
 
 
 def test_a_lost_agent_fails_its_test_and_leaves_no_rank_behind(pytester: pytest.Pytester) -> None:

@@ -1,8 +1,15 @@
 """Controller: the pytest plugin of the process the user started, and its one event loop.
 
-It starts the agent pool once per session (lazily, at the first ranks test), sends each ranks test
-to agents 0..n-1, consumes their events from the pool's queue (the only consumer), enforces the
-timeout and the grace period after a failed rank, and logs one merged result per phase.
+It starts the agent pool once per session (lazily, at the first ranks test), places each ranks test
+on free agents (the packing scheduler, ``schedule.py``), consumes their events from the pool's queue
+(the only consumer), enforces each test's timeout and the grace period after a failed rank, and logs
+one merged result per phase as each test finishes.
+
+With ``--pack=on`` (the default) the controller runs the test loop itself, as xdist's DSession does:
+tests start in collection order, several ranks tests are in flight at once, each on its own agents,
+and a finished ranks test goes through ``pytest_runtest_protocol`` (whose implementation here logs
+its merged reports), so wrappers of that hook see it complete. Ordinary tests run in this process
+between starts, as before. ``--pack=off`` keeps pytest's own loop and runs one ranks test at a time.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from ..protocol import (
     AgentLost,
     ChildExited,
     Collected,
+    EndedBy,
     Interrupted,
     Output,
     Progress,
@@ -41,6 +49,7 @@ from ..protocol import (
 )
 from .merge import RankEnd, merge_rank_reports
 from .pool import AgentPool
+from .schedule import Scheduler, Utilisation
 
 __all__ = ["Controller", "item_world_size", "world_size_key"]
 
@@ -48,6 +57,8 @@ world_size_key = pytest.StashKey[int]()
 """The number of ranks an item runs on (absent: an ordinary test)."""
 beyond_world_key = pytest.StashKey[str]()
 """Set when the item needs more ranks than the world: the skip reason."""
+finished_run_key = pytest.StashKey["_Run"]()
+"""Set on a ranks item whose test has finished, just before the loop hands it to ``pytest_runtest_protocol``."""
 
 
 def item_world_size(item: pytest.Item) -> Size | None:
@@ -83,14 +94,18 @@ def _warning_category(name: str) -> type[Warning]:
 
 @dataclass
 class _Run:
-    """One ranks test in flight."""
+    """One ranks test, from its submission until its reports are logged."""
 
     run_id: int
     item: pytest.Item
+    nextitem: pytest.Item | None
     n: int
     timeout: float
     timeout_source: str
-    started: float
+    agents: tuple[int, ...] = ()
+    """Test rank r runs on agent ``agents[r]``; empty until it starts."""
+    started: float = 0.0
+    done: bool = False
     reports: dict[int, list[TestReport]] = field(default_factory=dict)
     ends: dict[int, RankEnd] = field(default_factory=dict)
     failed: list[int] = field(default_factory=list)
@@ -121,9 +136,19 @@ class Controller:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
         self.settings = settings
+        self.pack = settings.pack
         self.world_size: int | None = settings.world_size
         self.pool: AgentPool | None = None
+        self.scheduler: Scheduler[int] | None = None
         self.items: dict[str, pytest.Item] = {}
+        self.queued: dict[int, _Run] = {}
+        """Submitted and not started, by run id."""
+        self.running: dict[int, _Run] = {}
+        """Started and not finished, by run id."""
+        self.on_agent: dict[int, int] = {}
+        """Agent rank -> run id of the test it runs."""
+        self.use = Utilisation()
+        self.interrupt: str | None = None
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
 
@@ -134,16 +159,30 @@ class Controller:
         self.plan(items)
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        if not self.pack or not any(self._ranks_size(item) for item in session.items):
+            return None  # pytest's own loop: one ranks test at a time, in its protocol call
+        return self.packed_loop(session)
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-        n = item.stash.get(world_size_key, None)
-        if n is None or beyond_world_key in item.stash:
+        run = item.stash.get(finished_run_key, None)
+        if run is not None:  # packed: the loop hands over a test that has finished
+            self.log(run)
+            return True
+        n = self._ranks_size(item)
+        if n is None:
             return None
-        self.run_and_log(item, n)
-        self.teardown_for(item, nextitem)
+        self.run_alone(item, nextitem, n)
         return True
 
     def pytest_sessionfinish(self) -> None:
         self.shutdown()
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        line = self.use.line(pack=self.pack)
+        if line is not None:
+            terminalreporter.write_line(line)
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -181,27 +220,85 @@ class Controller:
                 item.stash[beyond_world_key] = reason
                 item.add_marker(pytest.mark.skip(reason=reason))
 
-    # -- running -----------------------------------------------------------------------------
+    @staticmethod
+    def _ranks_size(item: pytest.Item) -> int | None:
+        """The ranks a test runs on in the agents, None for a test that runs here (ordinary, or skipped)."""
+        n = item.stash.get(world_size_key, None)
+        return None if n is None or beyond_world_key in item.stash else n
 
-    def run_and_log(self, item: pytest.Item, n: int) -> None:
-        ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        run = self.run(item, n)
-        reports = self.merge(run)
-        for report in reports:
-            keep_reported(item, report)
-            ihook.pytest_runtest_logreport(report=report)
-        self.log_warnings(run)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        if run.test_dir is not None:
-            call = [r for r in reports if r.when == "call"]
-            prune_test_dir(self.config, run.test_dir, passed=call[0].passed if call else True)
+    # -- the loops -----------------------------------------------------------------------------
+
+    def packed_loop(self, session: pytest.Session) -> bool:
+        """pytest's ``pytest_runtestloop`` with ranks tests side by side (issue 14).
+
+        Every test starts in collection order: a ranks test is queued and this waits until it has
+        started (the scheduler's head reserves the world, so it is never starved), then moves on;
+        an ordinary test runs here when every test before it has started. Finished ranks tests are
+        logged between starts. ``-x`` / ``--maxfail`` / an interrupt: the tests in flight finish and
+        are logged, nothing new starts.
+        """
+        if session.testsfailed and not session.config.option.continue_on_collection_errors:
+            raise session.Interrupted(
+                f"{session.testsfailed} error{'s' if session.testsfailed != 1 else ''} during collection"
+            )
+        if session.config.option.collectonly:
+            return True
+        try:
+            for i, item in enumerate(session.items):
+                nextitem = session.items[i + 1] if i + 1 < len(session.items) else None
+                n = self._ranks_size(item)
+                if n is not None:
+                    run = self.submit(item, nextitem, n)
+                    teardown_controller_state(item, nextitem)
+                    while run.run_id in self.queued and not self._stopping(session):
+                        self.pump(timeout=0.1)
+                else:
+                    self.pump(timeout=0)
+                    if not self._stopping(session):
+                        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+                if self._stopping(session):
+                    break
+            self.drain()
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+        if self.interrupt:
+            pytest.exit(self.interrupt, returncode=pytest.ExitCode.INTERRUPTED)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+        return True
+
+    def run_alone(self, item: pytest.Item, nextitem: pytest.Item | None, n: int) -> None:
+        """``--pack=off``: run ``item`` on agents 0..n-1 and log it before the next test starts."""
+        run = self.submit(item, nextitem, n)
+        try:
+            while not run.done:
+                self.pump(timeout=0.1)
+        except KeyboardInterrupt:
+            self.shutdown()
+            raise
+        self.log(run)
+        teardown_controller_state(item, nextitem)
         if run.interrupted:
             pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
 
-    def teardown_for(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
-        """Tear down the controller's own fixtures that ``nextitem`` does not share (see _pytest_internals)."""
-        teardown_controller_state(item, nextitem)
+    def _stopping(self, session: pytest.Session) -> bool:
+        """True once nothing new may start; drops the queue the first time."""
+        stopping = bool(session.shouldfail or session.shouldstop or self.interrupt)
+        if stopping and self.queued:
+            if self.scheduler is not None:
+                self.scheduler.stop()
+            self.queued.clear()
+        return stopping
+
+    def drain(self) -> None:
+        """Wait until every test submitted has finished and been logged (none queued starts once stopped)."""
+        while self.running or self.queued:
+            self.pump(timeout=0.1)
+
+    # -- submitting and starting -----------------------------------------------------------------
 
     def _timeout_for(self, item: pytest.Item) -> tuple[float, str]:
         spec = item.stash.get(ranks_spec_key, None)
@@ -209,95 +306,174 @@ class Controller:
             return spec.timeout, "@pytest.mark.ranks(timeout=...)"
         return self.settings.timeout, self.settings.timeout_source
 
-    def ensure_pool(self) -> AgentPool:
-        if self.pool is not None and self.pool.broken:
-            self.pool.close()
-            self.pool = None
+    def submit(self, item: pytest.Item, nextitem: pytest.Item | None, n: int) -> _Run:
+        """Queue ``item`` behind every test submitted before it and start what can start."""
+        timeout, source = self._timeout_for(item)
+        self._run_ids += 1
+        run = _Run(
+            run_id=self._run_ids, item=item, nextitem=nextitem, n=n, timeout=timeout, timeout_source=source
+        )
+        self.queued[run.run_id] = run
+        try:
+            scheduler = self.ensure_scheduler()
+        except (LaunchError, SpriteUsageError) as exc:
+            self._launch_failed(run, exc)
+            return run
+        scheduler.submit(run.run_id, n)
+        self._start_ready()
+        return run
+
+    def ensure_scheduler(self) -> Scheduler[int]:
+        """The scheduler over a started pool; starts the pool at the first ranks test."""
         if self.pool is None:
             assert self.world_size is not None
             pool = AgentPool(self.config, self.settings, self.world_size, self.items)
+            self.use.open(self.world_size, monotonic())
             try:
                 pool.start()
             except BaseException:
                 pool.close()
+                self.use.close(monotonic())
                 raise
             self.pool = pool
-        return self.pool
+            self.scheduler = Scheduler(pool.slots(), pack=self.pack)
+        assert self.scheduler is not None
+        return self.scheduler
 
-    def run(self, item: pytest.Item, n: int) -> _Run:
-        """Run ``item`` on ranks 0..n-1 and wait until every child has ended."""
-        timeout, source = self._timeout_for(item)
-        self._run_ids += 1
-        run = _Run(
-            run_id=self._run_ids, item=item, n=n, timeout=timeout, timeout_source=source, started=monotonic()
-        )
+    def _replace_pool(self) -> None:
+        """A lost agent broke the pool and nothing runs on it any more: launch a fresh one for the queue."""
+        assert self.scheduler is not None
+        pending = list(self.scheduler.pending)
+        self.shutdown()
         try:
-            pool = self.ensure_pool()
-            master = "127.0.0.1" if self.settings.launcher == "local" else pool.agents[0].host
-            port = pool.next_port
-            if port is None:
-                raise LaunchError(
-                    f"rank agent 0 holds no rendezvous port for the next test. {pool.output_tail()}"
-                )
+            scheduler = self.ensure_scheduler()
         except (LaunchError, SpriteUsageError) as exc:
-            message = f"pytest-sprite could not start the rank agents: {exc}"
-            item.session.shouldstop = message
-            for rank in range(n):
-                run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=str(exc))
-            return run
-        basetemp, run.test_dir = make_test_dir(self.config, item.name)
-        run.started = monotonic()
-        run.hosts = {rank: pool.agents[rank].host for rank in range(n)}
-        placement = pool.placement(n)
-        for rank in range(n):
-            where = placement[rank]
+            head = self.queued[pending[0]]
+            self._launch_failed(head, exc)
+            return
+        for run_id in pending:
+            scheduler.submit(run_id, self.queued[run_id].n)
+
+    def _launch_failed(self, run: _Run, exc: Exception) -> None:
+        """The agents could not be started: this test fails and the session stops."""
+        run.item.session.shouldstop = f"pytest-sprite could not start the rank agents: {exc}"
+        for rank in range(run.n):
+            run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=str(exc))
+        self.queued.clear()  # the session stops: nothing queued will start
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        self._finished(run)
+
+    def _start_ready(self) -> None:
+        pool, scheduler = self.pool, self.scheduler
+        if pool is None or scheduler is None:
+            return
+        if pool.broken:
+            if self.running or not scheduler.pending:
+                return  # the tests on healthy agents finish first; then a fresh pool for the queue
+            self._replace_pool()
+            pool, scheduler = self.pool, self.scheduler
+            if pool is None or scheduler is None:
+                return
+        for start in scheduler.starts():
+            self._start(pool, self.queued.pop(start.key), start.agents)
+
+    def _start(self, pool: AgentPool, run: _Run, agents: tuple[int, ...]) -> None:
+        """Send ``run`` to its agents: its own world 0..n-1, its own rendezvous on its first agent's host."""
+        run.agents, run.started = agents, monotonic()
+        self.running[run.run_id] = run
+        self.on_agent.update((agent, run.run_id) for agent in agents)
+        self.use.started(run.run_id, run.n, run.started)
+        first = agents[0]
+        master = "127.0.0.1" if self.settings.launcher == "local" else pool.agents[first].host
+        port = pool.ports.get(first)
+        if port is None:
+            detail = f"rank agent {first} holds no rendezvous port for the next test. {pool.output_tail()}"
+            pool.broken = detail
+            for rank in range(run.n):
+                run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=detail)
+            return
+        pool.ports[first] = None  # taken: the agent reports its next one when this child exits
+        basetemp, run.test_dir = make_test_dir(self.config, run.item.name)
+        run.hosts = {rank: pool.agents[agent].host for rank, agent in enumerate(agents)}
+        for rank, (agent, where) in enumerate(zip(agents, pool.placement(agents), strict=True)):
             spec = RunSpec(
                 run_id=run.run_id,
-                nodeid=item.nodeid,
+                nodeid=run.item.nodeid,
                 rank=rank,
-                world_size=n,
+                world_size=run.n,
                 local_rank=where.local_rank,
                 local_size=where.local_size,
                 node=where.node,
+                device_index=where.device_index,
                 master_addr=master,
                 master_port=port,
                 device=self.settings.device,
-                timeout=timeout,
+                timeout=run.timeout,
                 basetemp=str(basetemp),
                 tmp_path=str(run.test_dir),
                 hypothesis_seed=self.hypothesis_seed,
                 collective_check=self.settings.collective_check,
             )
-            pool.send(rank, "run", spec)
-        try:
-            while run.live:
-                self._step(pool, run)
-        except KeyboardInterrupt:
-            self.shutdown()
-            raise
-        if pool.broken:
-            pool.close()
-            self.pool = None
-        return run
+            pool.send(agent, "run", spec)
 
-    def _step(self, pool: AgentPool, run: _Run) -> None:
-        try:
-            rank, event, payload = pool.events.get(timeout=0.1)
-        except queue.Empty:
-            pass
-        else:
-            self.dispatch(pool, run, rank, event, payload)
-        self._check_deadlines(pool, run)
+    # -- the event loop ----------------------------------------------------------------------------
 
-    def dispatch(self, pool: AgentPool, run: _Run, rank: int, event: str, payload: dict[str, Any]) -> None:
-        """Route one event to its ``on_<event>`` handler; unknown names are a protocol bug."""
+    def pump(self, timeout: float) -> None:
+        """One turn of the loop: start what can start, handle the events that arrived, enforce deadlines,
+        and finish the tests whose ranks have all ended."""
+        self._start_ready()
+        pool = self.pool
+        if pool is not None and self.running:
+            try:
+                event: tuple[int, str, dict[str, Any]] | None = pool.events.get(timeout=timeout)
+            except queue.Empty:
+                event = None
+            while event is not None:
+                self.dispatch(pool, *event)
+                try:
+                    event = pool.events.get_nowait()
+                except queue.Empty:
+                    event = None
+            for run in list(self.running.values()):
+                self._check_deadlines(pool, run)
+        for run in [run for run in self.running.values() if not run.live]:
+            self._finished(run)
+        self._start_ready()
+
+    def _finished(self, run: _Run) -> None:
+        """Every rank of ``run`` has ended: free its agents, count it, and log it when packed."""
+        if self.running.pop(run.run_id, None) is not None:
+            for agent in run.agents:
+                self.on_agent.pop(agent, None)
+            if self.scheduler is not None:
+                self.scheduler.finish(run.run_id)
+            self.use.finished(run.run_id, monotonic())
+        run.done = True
+        if run.interrupted:
+            self.interrupt = self.interrupt or run.interrupted
+        if self.pack:
+            run.item.stash[finished_run_key] = run
+            try:
+                run.item.ihook.pytest_runtest_protocol(item=run.item, nextitem=run.nextitem)
+            finally:
+                del run.item.stash[finished_run_key]
+            self._stopping(run.item.session)  # -x: a failure logged just now starts nothing more
+
+    def dispatch(self, pool: AgentPool, agent: int, event: str, payload: dict[str, Any]) -> None:
+        """Route one event from ``agent`` to its ``on_<event>`` handler, with the rank it has in its test."""
         if event not in AGENT_EVENTS or event == "agent_ready":
-            raise ValueError(f"unexpected event from rank {rank}: {event!r}")
-        if event == "child_exited" and rank == 0:
-            pool.next_port = payload["next_port"]  # whichever run it ends, the port is agent 0's newest
-        if event != "agent_lost" and payload.get("run_id") != run.run_id:
-            return  # a late event of an earlier test
-        getattr(self, f"on_{event}")(pool, run, rank, payload)
+            raise ValueError(f"unexpected event from rank agent {agent}: {event!r}")
+        if event == "child_exited":
+            pool.ports[agent] = payload["next_port"]  # whichever run it ends, the port is the agent's newest
+        if event == "agent_lost":
+            pool.broken = pool.broken or f"rank agent {agent} was lost"
+            run = self.running.get(self.on_agent.get(agent, -1))
+        else:
+            run = self.running.get(payload.get("run_id", -1))
+        if run is None or agent not in run.agents:
+            return  # a late event of a test already finished
+        getattr(self, f"on_{event}")(pool, run, run.agents.index(agent), payload)
 
     def on_report(self, pool: AgentPool, run: _Run, rank: int, payload: Report) -> None:
         """Emitted by a child for each phase (setup, call, teardown) as soon as it is made."""
@@ -311,13 +487,13 @@ class Controller:
         store_collected(run.item, payload["name"], rank, payload["tensor"])
 
     def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: Output) -> None:
-        """Emitted by a child under ``-s``: show what the rank printed, each line marked with its rank."""
+        """Emitted by a child under ``-s``: show what the rank printed, each line marked with its test and rank."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
         reporter.ensure_newline()
         for line in payload["text"].rstrip("\n").splitlines():
-            reporter.write_line(f"[rank {rank}] {line}")
+            reporter.write_line(f"[{run.item.nodeid} rank {rank}] {line}")
 
     def on_warning(self, pool: AgentPool, run: _Run, rank: int, payload: Warning_) -> None:
         """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
@@ -361,17 +537,15 @@ class Controller:
         """Posted by a reader thread when an agent's connection closed.
 
         Only that rank ends here; the others finish or are ended after the grace period like peers of
-        any failed rank, so their own tracebacks and stacks still reach the report. The pool is then
-        replaced before the next ranks test.
+        any failed rank, so their own tracebacks and stacks still reach the report. No test starts on
+        the pool any more; once the tests in flight have finished it is replaced.
         """
-        pool.broken = pool.broken or f"rank agent {rank} was lost"
         if rank in run.live:
-            tail = pool.output_tail()
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
-                detail=f"the connection to rank agent {rank} closed",
-                output_tail=tail,
+                detail=f"the connection to rank agent {run.agents[rank]} closed",
+                output_tail=pool.output_tail(),
             )
             run.note_failure(rank)
 
@@ -390,14 +564,32 @@ class Controller:
             )
         for rank, when in list(run.aborted.items()):
             if rank in run.live and now - when > 20.0:
-                pool.broken = f"rank agent {rank} did not end its child within 20s of an abort"
+                pool.broken = f"rank agent {run.agents[rank]} did not end its child within 20s of an abort"
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
 
-    def _abort(self, pool: AgentPool, run: _Run, reason: str, detail: str) -> None:
+    def _abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
         for rank in run.live:
             if rank not in run.aborted:
                 run.aborted[rank] = monotonic()
-                pool.send(rank, "abort", {"run_id": run.run_id, "reason": reason, "detail": detail})
+                pool.send(
+                    run.agents[rank], "abort", {"run_id": run.run_id, "reason": reason, "detail": detail}
+                )
+
+    # -- logging -----------------------------------------------------------------------------------
+
+    def log(self, run: _Run) -> None:
+        """Log ``run``'s merged reports under its own id, as pytest logs a test it ran."""
+        item, ihook = run.item, run.item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        reports = self.merge(run)
+        for report in reports:
+            keep_reported(item, report)
+            ihook.pytest_runtest_logreport(report=report)
+        self.log_warnings(run)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        if run.test_dir is not None:
+            call = [r for r in reports if r.when == "call"]
+            prune_test_dir(self.config, run.test_dir, passed=call[0].passed if call else True)
 
     def log_warnings(self, run: _Run) -> None:
         """Hand the ranks' warnings to pytest's warnings summary, one per warning, naming its ranks."""
@@ -432,6 +624,9 @@ class Controller:
         )
 
     def shutdown(self) -> None:
+        """Stop the agents (a lost pool, or the end of the session); tests still counted end now."""
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+            self.use.close(monotonic())
+        self.scheduler = None

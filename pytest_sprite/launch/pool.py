@@ -14,7 +14,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from ..errors import LaunchError
 from ..protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
+from .schedule import Slot
 
 __all__ = ["AgentPool", "Event", "Placement"]
 
@@ -36,11 +37,13 @@ Event = tuple[int, str, dict[str, Any]]
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one rank of a test sits: the launcher's local rank (its device), ranks on its node, node index."""
+    """Where one rank of a test sits: its local rank among the test's ranks on its node, their number,
+    the node's index among the test's nodes, and its agent's device index (the launcher's local rank)."""
 
     local_rank: int
     local_size: int
     node: int
+    device_index: int
 
 
 @dataclass
@@ -69,8 +72,9 @@ class AgentPool:
         """Every agent's frames in arrival order; filled by reader threads, consumed by the controller's loop only."""
         self.agents: dict[int, _Agent] = {}
         self.broken: str | None = None
-        self.next_port: int | None = None
-        """Agent 0's listening rendezvous port for the next test (from agent_ready, then each child_exited)."""
+        self.ports: dict[int, int | None] = {}
+        """Each agent's listening rendezvous port for the next test whose rank 0 it runs (from agent_ready,
+        then each child_exited); None once a test took it, until that agent reports the next one."""
         self.handle: LaunchHandle | None = None
         self.tmpdir = Path(tempfile.mkdtemp(prefix="sprite-controller-"))
         self._threads: list[threading.Thread] = []
@@ -183,8 +187,7 @@ class AgentPool:
             )
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         node = hello["node"]
-        if rank == 0:
-            self.next_port = hello["next_port"]
+        self.ports[rank] = hello["next_port"]
         self.agents[rank] = _Agent(
             rank=rank,
             sock=conn,
@@ -216,27 +219,39 @@ class AgentPool:
             self.broken = f"lost the connection to rank agent {to}: {exc}"
             self.events.put((to, "agent_lost", {}))
 
-    def placement(self, n: int) -> dict[int, Placement]:
-        """Local rank, local size and node index of ranks 0..n-1 of a test.
+    def slots(self) -> list[Slot]:
+        """The agents as the scheduler sees them; nodes are numbered in order of their first rank."""
+        nodes: list[tuple[str, int | None]] = []
+        for rank in sorted(self.agents):
+            if self.agents[rank].node not in nodes:
+                nodes.append(self.agents[rank].node)
+        return [Slot(rank=rank, node=nodes.index(self.agents[rank].node)) for rank in sorted(self.agents)]
 
-        The local rank is the launcher's (it picks the rank's device); ranks share a node when their
-        agents share a host and launcher node id; nodes are numbered in order of their first rank.
+    def placement(self, agents: Sequence[int]) -> list[Placement]:
+        """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``).
+
+        Ranks share a node when their agents share a host and launcher node id; the test's nodes are
+        numbered in order of their first rank, and its local ranks count its own ranks on each node. The
+        device index is the agent's launcher local rank, so tests side by side never share a device.
         """
         nodes: list[tuple[str, int | None]] = []
         counts: dict[tuple[str, int | None], int] = {}
-        for rank in range(n):
-            node = self.agents[rank].node
+        local: list[int] = []
+        for agent in agents:
+            node = self.agents[agent].node
             if node not in nodes:
                 nodes.append(node)
-            counts[node] = counts.get(node, 0) + 1
-        return {
-            rank: Placement(
-                local_rank=self.agents[rank].local_rank,
-                local_size=counts[self.agents[rank].node],
-                node=nodes.index(self.agents[rank].node),
+            local.append(counts.get(node, 0))
+            counts[node] = local[-1] + 1
+        return [
+            Placement(
+                local_rank=local[rank],
+                local_size=counts[self.agents[agent].node],
+                node=nodes.index(self.agents[agent].node),
+                device_index=self.agents[agent].local_rank,
             )
-            for rank in range(n)
-        }
+            for rank, agent in enumerate(agents)
+        ]
 
     def output_tail(self) -> str:
         """The launch log's last lines (empty before the launch)."""

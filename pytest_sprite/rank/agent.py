@@ -175,14 +175,13 @@ class Agent:
     # -- commands ------------------------------------------------------------------------------
 
     def _reserve_port(self) -> int | None:
-        """Agent 0: open the next test's rendezvous socket on this host (rank 0's child hosts the store on it).
+        """Keep a rendezvous socket listening on this host for the next test whose rank 0 runs here.
 
         The socket is already listening when the other ranks connect, so no client is refused and
         none waits out TCPStore's reconnect backoff; the port is the test's own. Reserved ahead, so
-        a test starts without asking for it. Other agents reserve nothing.
+        a test starts without asking for it. Every agent holds one: with packing any agent may run
+        a test's rank 0 (issue 14).
         """
-        if self.rank != 0:
-            return None
         if self.reserved is None:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind((self.rendezvous_bind, 0))
@@ -210,8 +209,10 @@ class Agent:
             )
             return
         spare = self._take_spare()
-        listener, self.reserved = self.reserved, None
-        fds = [listener.fileno()] if listener is not None and spec["rank"] == 0 else []
+        listener = None
+        if spec["rank"] == 0:  # only the test's rank 0 hosts its store; other ranks keep the reservation
+            listener, self.reserved = self.reserved, None
+        fds = [listener.fileno()] if listener is not None else []
         try:
             socket.send_fds(spare.control, [encode_frame("run", spec)], fds)
         finally:

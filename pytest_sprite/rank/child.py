@@ -143,7 +143,7 @@ class ChildSession:
         spec = self.spec
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec["local_size"]))
-        device, backend = select_device(spec["device"], spec["local_rank"], spec["local_size"])
+        device, backend = select_device(spec["device"], spec["device_index"], spec["local_size"])
         if spec["collective_check"]:
             # Every group created from here on is wrapped in torch's fingerprint check (issue 9); the
             # environment variable carries it into processes the test starts (Lightning, sub-worlds).
