@@ -166,7 +166,10 @@ def main() -> None:
     rows = [
         (f"pytest-sprite, {n} tests (fresh processes per test)", results["sprite"]),
         ("  the same with every installed pytest plugin loaded", results["sprite_all_plugins"]),
-        ("  the same with --collective-check (torch's fingerprint checks)", results["sprite_collective_check"]),
+        (
+            "  the same with --collective-check (torch's fingerprint checks)",
+            results["sprite_collective_check"],
+        ),
         (f"torch MultiProcContinuousTest, {n} tests (warm, shared)", results["mpct"]),
         (f"cold spawn per test, {n} tests", results["cold"]),
         (f"floor: one pool, {n} all_reduces", results["floor"]),
