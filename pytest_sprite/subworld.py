@@ -119,7 +119,9 @@ class KillAt:
         if not isinstance(self.event, str) or not self.event:
             raise SpriteUsageError(f"KillAt(event={self.event!r}): give the kill point's name, e.g. 'step'")
         if not isinstance(self.at, int) or self.at < 0:
-            raise SpriteUsageError(f"KillAt(at={self.at!r}): a non-negative int (an index or a 1-based count)")
+            raise SpriteUsageError(
+                f"KillAt(at={self.at!r}): a non-negative int (an index or a 1-based count)"
+            )
 
     def should_kill(self, point: KillPoint) -> bool:
         if point.event != self.event or (self.ranks is not None and point.rank not in self.ranks):
@@ -204,7 +206,7 @@ class SubworldResult:
     wall_s: float = 0.0
     """Seconds from the call to the last rank's end."""
     start_s: float = 0.0
-    """Seconds until every rank had been forked and had its rendezvous details (the start-up cost)."""
+    """Seconds from the call until every rank's process ran with the function loaded (the start-up cost)."""
 
     @property
     def size(self) -> int:
@@ -231,7 +233,7 @@ class SubworldResult:
         groups: dict[str, list[int]] = {}
         for o in self.outcomes:
             groups.setdefault(o.describe(), []).append(o.rank)
-        lines = [f"sub-world {self.name} ({self.size} ranks):"]
+        lines = [f"sub-world {self.name} ({self.size} rank{'s' if self.size != 1 else ''}):"]
         lines += [f"  {fold_ranks(ranks)}: {what}" for what, ranks in groups.items()]
         for o in self.outcomes:
             if o.status in ("raised", "crashed", "timeout") and (o.error or o.output):
@@ -360,6 +362,7 @@ def _rank_main(payload: bytes, channel: socket.socket) -> NoReturn:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         spec, fn, args, kwargs = pickle.loads(payload)
+        _send(channel, ("ready",))  # start-up ends here: the process runs and has the function loaded
         run_dir = Path(spec.run_dir)
         out = os.open(run_dir / f"rank{spec.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         sys.stdout.flush()
@@ -370,7 +373,7 @@ def _rank_main(payload: bytes, channel: socket.socket) -> NoReturn:
         import faulthandler
 
         faulthandler.enable(file=sys.stderr, all_threads=True)
-        stacks = open(run_dir / f"rank{spec.rank}.stacks", "w")  # noqa: SIM115  (open for the process's life)
+        stacks = open(run_dir / f"rank{spec.rank}.stacks", "w")
         faulthandler.register(_STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
         _CONTEXT = _Context(rank=spec.rank, plan=spec.plan, channel=channel)
         world, store = _join(spec)
@@ -631,6 +634,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 _ZYGOTE: Zygote | None = None
+_PLAIN_FORKER: Callable[[], _Forker] | None = None
+"""Replaces the plain test's fork, for ``bench/resume.py`` only (it times new interpreters against forks)."""
 
 
 def _set_zygote(zygote: Zygote | None) -> None:
@@ -656,6 +661,7 @@ class _Hosted:
     killed_at: KillPoint | None = None
     status: int | None = None
     eof: bool = False
+    ready_at: float | None = None
     ended: str = ""
     timed_out: bool = False
 
@@ -679,7 +685,9 @@ def _read_channel(h: _Hosted) -> None:
             message = pickle.loads(bytes(h.buf[_FRAME.size : _FRAME.size + length]))
             del h.buf[: _FRAME.size + length]
             kind = message[0]
-            if kind == "event":
+            if kind == "ready":
+                h.ready_at = monotonic()
+            elif kind == "event":
                 h.events.append((message[1], message[2]))
             elif kind == "return":
                 h.returned, h.value = True, message[1]
@@ -720,6 +728,30 @@ def _outcome(h: _Hosted, run_dir: Path) -> RankOutcome:
     if h.ended:
         return RankOutcome(status="ended", error=h.ended, **common)
     return RankOutcome(status="crashed", output=output, **common)
+
+
+def _attribute(outcomes: Sequence[RankOutcome]) -> tuple[RankOutcome, ...]:
+    """Peers of a rank that died fail in their next collective: they were ended by that death, not by a bug.
+
+    Their traceback stays in ``output``; the dead rank comes first in the story.
+    """
+    import dataclasses
+
+    dead = [o for o in outcomes if o.status in ("killed", "crashed")]
+    if not dead:
+        return tuple(outcomes)
+    why = "; ".join(
+        f"rank {o.rank} was killed at {o.killed_at.describe()}"
+        if o.killed_at is not None
+        else f"rank {o.rank} died before returning"
+        for o in dead
+    )
+    return tuple(
+        dataclasses.replace(o, status="ended", error=why, output=f"{o.error}\n{o.output}".strip())
+        if o.status == "raised"
+        else o
+        for o in outcomes
+    )
 
 
 def _check_fn(fn: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
@@ -818,21 +850,26 @@ def _run_in_plain_test(
     import torch.distributed as dist
 
     size = _check_ranks(ranks, None)
-    _refuse_initialized_device()
+    forker = _PLAIN_FORKER() if _PLAIN_FORKER is not None else None
+    if forker is None:
+        _refuse_initialized_device()
     start = monotonic()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     specs = [
         dict(rank=r, world_size=size, local_rank=r, local_size=size, node=0, store_host="127.0.0.1")
         for r in range(size)
     ]
-    hosted, forker, run_dir, started = _start(
-        _DirectForker(), fn, args, kwargs, specs, store.port, kill, timeout, "auto"
+    hosted, forker, run_dir = _start(
+        forker or _DirectForker(), fn, args, kwargs, specs, store.port, kill, timeout, "auto"
     )
     _watch(hosted, forker, store, size, timeout, start)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     return SubworldResult(
-        name=_name(fn), outcomes=tuple(outcomes), wall_s=monotonic() - start, start_s=started - start
+        name=_name(fn),
+        outcomes=_attribute(outcomes),
+        wall_s=monotonic() - start,
+        start_s=_ready(hosted, start),
     )
 
 
@@ -878,20 +915,18 @@ def _run_in_ranks_test(
                 store_host=host,
             )
         )
-    hosted, forker, run_dir, started = _start(
-        _ZYGOTE, fn, args, kwargs, mine, port, kill, timeout, world.device.type
-    )
+    hosted, forker, run_dir = _start(_ZYGOTE, fn, args, kwargs, mine, port, kill, timeout, world.device.type)
     _watch(hosted, forker, store, size, timeout, start)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
-    gathered = world.gather_object((outcomes, started - start))
+    gathered = world.gather_object((outcomes, _ready(hosted, start)))
     world.barrier()
     if world.rank == 0:
         store = None  # the store's server ends here, after every rank is done with it
     all_outcomes = sorted((o for part, _ in gathered for o in part), key=lambda o: o.rank)
     return SubworldResult(
         name=_name(fn),
-        outcomes=tuple(all_outcomes),
+        outcomes=_attribute(all_outcomes),
         wall_s=world.broadcast_object(monotonic() - start),
         start_s=max(s for _, s in gathered[:size]) if size else 0.0,
     )
@@ -907,7 +942,7 @@ def _start(
     kill: KillPlan | None,
     timeout: float,
     device: str,
-) -> tuple[list[_Hosted], _Forker, Path, float]:
+) -> tuple[list[_Hosted], _Forker, Path]:
     run_dir = Path(tempfile.mkdtemp(prefix="sprite-subworld-"))
     hosted = []
     for fields_ in specs:
@@ -926,7 +961,13 @@ def _start(
         theirs.close()
         mine.setblocking(False)
         hosted.append(_Hosted(rank=spec.rank, pid=pid, channel=mine))
-    return hosted, forker, run_dir, monotonic()
+    return hosted, forker, run_dir
+
+
+def _ready(hosted: list[_Hosted], start: float) -> float:
+    """Seconds from ``start`` until the last hosted rank was running with its function loaded."""
+    times = [h.ready_at for h in hosted if h.ready_at is not None]
+    return max(times) - start if times else 0.0
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -1003,5 +1044,3 @@ def _cleanup(run_dir: Path) -> None:
     import shutil
 
     shutil.rmtree(run_dir, ignore_errors=True)
-
-

@@ -29,7 +29,7 @@ from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
+from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,13 @@ RESTORE_CHECKS: tuple[str, ...] = (
 RESUME_CHECKS: tuple[str, ...] = (*RESTORE_CHECKS, "first_loss", "lr", "rows")
 """Every required check, in evaluation order (``by=`` of ``expect_fault_rejected`` names these)."""
 
-_VERDICT_HEADERS = ("Run", "Ranks", "Global batch", "Reshard ranks", "Required restore, continuation, reshard, export")
+_VERDICT_HEADERS = (
+    "Run",
+    "Ranks",
+    "Global batch",
+    "Reshard ranks",
+    "Required restore, continuation, reshard, export",
+)
 _GAP_HEADERS = (
     "Run",
     "Arm",
@@ -94,7 +100,9 @@ class ResumeGaps:
 
     def cells(self) -> list[str]:
         """The five figures as the seed's table prints them."""
-        return [format_figure(x) for x in (self.loss, self.pre_clip_norm, self.update, self.adam_m, self.adam_v)]
+        return [
+            format_figure(x) for x in (self.loss, self.pre_clip_norm, self.update, self.adam_m, self.adam_v)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures."""
@@ -316,7 +324,11 @@ def _restore_problems(restored: StateCapture, saved: StateCapture, *, same_world
     problems: dict[str, str] = {}
 
     missing = [n for n in saved.trainables if n not in restored.trainables]
-    differ = [n for n in saved.trainables if n in restored.trainables and not _same_tensor(restored.trainables[n], saved.trainables[n])]
+    differ = [
+        n
+        for n in saved.trainables
+        if n in restored.trainables and not _same_tensor(restored.trainables[n], saved.trainables[n])
+    ]
     if missing or differ:
         parts = []
         if missing:
@@ -358,7 +370,9 @@ def _restore_problems(restored: StateCapture, saved: StateCapture, *, same_world
     for i, (got_g, saved_g) in enumerate(zip(restored.param_groups, saved.param_groups, strict=False)):
         for key in sorted(set(saved_g) | set(got_g)):
             if not _same_value(got_g.get(key), saved_g.get(key)):
-                groups.append(f"group {i} {key!r}: {_show(got_g.get(key))} != saved {_show(saved_g.get(key))}")
+                groups.append(
+                    f"group {i} {key!r}: {_show(got_g.get(key))} != saved {_show(saved_g.get(key))}"
+                )
                 break
     if groups:
         problems["param_groups"] = groups[0]
@@ -428,7 +442,11 @@ def _continuation(
             rows_bad.append(f"step {s}: the uninterrupted fit has no step {s}")
             break
         lrs = [(r.rank, r.step(s)) for r in arm_records]
-        wrong = [(rank, f"{st.lr!r} != fit's {ref.lr!r}") for rank, st in lrs if st is not None and not _same_float(st.lr, ref.lr)]
+        wrong = [
+            (rank, f"{st.lr!r} != fit's {ref.lr!r}")
+            for rank, st in lrs
+            if st is not None and not _same_float(st.lr, ref.lr)
+        ]
         if wrong and not lr_bad:
             lr_bad.append(f"step {s}: " + _fold(wrong))
         if rows_bad:
@@ -515,7 +533,11 @@ def _gaps(
     if end_arm is not None and end_fit is not None:
         update = max(
             (
-                _tensor_rel(end_arm.trainables[n], end_fit.trainables[n], end_fit.trainables[n] - checkpoint.trainables[n])
+                _tensor_rel(
+                    end_arm.trainables[n],
+                    end_fit.trainables[n],
+                    end_fit.trainables[n] - checkpoint.trainables[n],
+                )
                 for n in end_fit.trainables
                 if n in end_arm.trainables
             ),
@@ -564,7 +586,9 @@ def _twin(fit: Sequence[RoleRecord], twin: Sequence[RoleRecord]) -> str:
         for i, (a, b) in enumerate(zip(r_fit.saves, r_twin.saves, strict=False)):
             for name in a.trainables:
                 if not _same_tensor(a.trainables[name], b.trainables[name]):
-                    return f"differs from the fit in save {i}, rank {r_fit.rank}, {name}: not reproducible here"
+                    return (
+                        f"differs from the fit in save {i}, rank {r_fit.rank}, {name}: not reproducible here"
+                    )
     return "reproduces the fit bit for bit"
 
 
@@ -652,7 +676,9 @@ def judge_resume(run: ResumeRun, *, run_label: str | None = None) -> ResumeResul
                 if check in problems:
                     failed.append(FailedCheck(arm=label, check=check, fault=fault, detail=problems[check]))
         arms.append(
-            ResumeArm(label=label, role=role, ranks=len(records), loads=loads, fault=fault, failed=tuple(failed))
+            ResumeArm(
+                label=label, role=role, ranks=len(records), loads=loads, fault=fault, failed=tuple(failed)
+            )
         )
     checkpoint = killed[0].saves[0]
     gaps = [_gaps(run.strategy, resume, fit, checkpoint)]

@@ -203,9 +203,7 @@ def _names(net: torch.nn.Module) -> dict[int, str]:
     return {id(p): n for n, p in net.named_parameters()}
 
 
-def capture_state(
-    trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world_size: int
-) -> StateCapture:
+def capture_state(trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world_size: int) -> StateCapture:
     """The training state on this rank now: full trainables and optimizer state, groups, scheduler, frozen.
 
     A collective under FSDP2 (full values are gathered): every rank must call it at the same point.
@@ -281,7 +279,9 @@ def plant_fault(fault: str, trainer: pl.Trainer, net: torch.nn.Module) -> str:
             with torch.no_grad():
                 local.view(-1)[0] += 1e-3
         return f"added 1e-3 to the first element of {name}"
-    raise SpriteUsageError(f"fault {fault!r} is not planted after a restore; resume faults: {', '.join(RESUME_FAULTS)}")
+    raise SpriteUsageError(
+        f"fault {fault!r} is not planted after a restore; resume faults: {', '.join(RESUME_FAULTS)}"
+    )
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -525,7 +525,9 @@ def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | No
 run_role.subworld_prepare = _prepare  # type: ignore[attr-defined]
 
 
-def records_from_events(events: list[tuple[str, Any]], *, killed: bool, checkpoints: tuple[str, ...] = ()) -> RoleRecord:
+def records_from_events(
+    events: list[tuple[str, Any]], *, killed: bool, checkpoints: tuple[str, ...] = ()
+) -> RoleRecord:
     """Rebuild one rank's :class:`RoleRecord` from what its role emitted (works for a killed role too)."""
     meta: dict[str, Any] | None = None
     steps: list[StepRecord] = []
@@ -541,7 +543,9 @@ def records_from_events(events: list[tuple[str, Any]], *, killed: bool, checkpoi
         elif name == "restored":
             restored = value
     if meta is None:
-        raise RuntimeError("the role ended before it said what it was (no 'meta' event): it failed at start-up")
+        raise RuntimeError(
+            "the role ended before it said what it was (no 'meta' event): it failed at start-up"
+        )
     return RoleRecord(
         role=meta["role"],
         strategy=meta["strategy"],

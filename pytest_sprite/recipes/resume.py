@@ -88,7 +88,9 @@ def run_resume_roles(
         result = run_subworld(run_role, args=(spec,), ranks=size, kill=kill, timeout=timeout)
         timings[role] = (result.wall_s, result.start_s)
         if kill is None and not result.ok:
-            raise SubworldError(f"the {role} role of the resume check did not finish:\n{result.report()}", result)
+            raise SubworldError(
+                f"the {role} role of the resume check did not finish:\n{result.report()}", result
+            )
         roles[role] = _records(result, killed=kill is not None, directory=root / role)
         return result
 
