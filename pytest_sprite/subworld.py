@@ -514,8 +514,12 @@ class Zygote:
         self._buf = bytearray()
 
     @classmethod
-    def start(cls) -> Zygote:
-        """Fork the zygote now; call before the process initializes a device."""
+    def start(cls, close_fds: Sequence[int] = ()) -> Zygote:
+        """Fork the zygote now; call before the process initializes a device.
+
+        ``close_fds`` are the caller's descriptors the zygote must not hold (its pipe to the agent), so
+        that they close when the caller ends.
+        """
         parent, child = socket.socketpair()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -523,6 +527,11 @@ class Zygote:
         if pid == 0:
             try:
                 parent.close()
+                for fd in close_fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
                 _zygote_main(child)
             finally:
                 os._exit(70)
