@@ -417,12 +417,11 @@ def _join(spec: _RankSpec) -> tuple[World, Any]:
     if dist.is_initialized():  # inherited through fork only in a broken setup; never reuse a group
         raise RuntimeError("a sub-world rank started with a process group already initialized")
     timeout = timedelta(seconds=spec.timeout + 60)
-    store = dist.TCPStore(
-        spec.store_host, spec.store_port, is_master=False, timeout=timeout, wait_for_workers=False
-    )
+    store = _tcp_store(spec.store_host, spec.store_port, is_master=False, timeout=timeout)
+    prefix_store: Any = getattr(dist, "PrefixStore")  # noqa: B009 (torch exports it without a stub)
     dist.init_process_group(
         backend=backend,
-        store=dist.PrefixStore("pg", store),
+        store=prefix_store("pg", store),
         rank=spec.rank,
         world_size=spec.world_size,
         timeout=timeout,
@@ -443,6 +442,18 @@ def _join(spec: _RankSpec) -> tuple[World, Any]:
     )
     world_module._set_current(world)
     return world, store
+
+
+def _tcp_store(host: str, port: int, *, is_master: bool, timeout: Any = None) -> Any:
+    """A TCPStore (torch exports the class without a type stub)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    tcp_store: Any = getattr(dist, "TCPStore")  # noqa: B009
+    return tcp_store(
+        host, port, is_master=is_master, timeout=timeout or timedelta(seconds=300), wait_for_workers=False
+    )
 
 
 def _leave(store: Any, spec: _RankSpec) -> None:
@@ -856,14 +867,13 @@ def _run_in_plain_test(
     kill: KillPlan | None,
     timeout: float,
 ) -> SubworldResult:
-    import torch.distributed as dist
 
     size = _check_ranks(ranks, None)
     forker = _PLAIN_FORKER() if _PLAIN_FORKER is not None else None
     if forker is None:
         _refuse_initialized_device()
     start = monotonic()
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = _tcp_store("127.0.0.1", 0, is_master=True)
     specs = [
         dict(rank=r, world_size=size, local_rank=r, local_size=size, node=0, store_host="127.0.0.1")
         for r in range(size)
@@ -891,7 +901,6 @@ def _run_in_ranks_test(
     kill: KillPlan | None,
     timeout: float,
 ) -> SubworldResult:
-    import torch.distributed as dist
 
     size = _check_ranks(ranks, world.size)
     if _ZYGOTE is None:
@@ -903,11 +912,11 @@ def _run_in_ranks_test(
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     store: Any = None
     if world.rank == 0:
-        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        store = _tcp_store(host, 0, is_master=True)
         port = world.broadcast_object(int(store.port))
     else:
         port = world.broadcast_object(0)
-        store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False)
+        store = _tcp_store(host, port, is_master=False)
     layout = world.gather_object((world.local_rank, world.node))
     mine: list[dict[str, Any]] = []
     if world.rank < size:

@@ -14,20 +14,15 @@ from pytest_sprite import (
     SpriteUsageError,
     expect_fault_rejected,
 )
+from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.faults import CLEAN, Planter, PlantSite, get_fault, plant
 
 pytestmark = pytest.mark.cpu
 
-KNOWN = "missing-rank, wrong-scale, accumulate-sum"
-RESERVED = (
-    "fp32-backbone",
-    "local-adapter",
-    "scale-grad",
-    "skip-update",
-    "dropped-optimizer-state",
-    "reset-lr-scheduler",
-    "perturbed-weight",
+KNOWN = (
+    "missing-rank, wrong-scale, accumulate-sum, dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
 )
+RESERVED = ("fp32-backbone", "local-adapter", "scale-grad", "skip-update")
 
 
 def failure(*checks: tuple[str, str, str | None]) -> AssertionFailure:
@@ -130,7 +125,8 @@ def test_unknown_check_in_by_lists_the_known_checks() -> None:
         expect_fault_rejected("missing-rank", by="gradients")
     assert str(exc.value) == (
         "expect_fault_rejected('missing-rank', by='gradients'): unknown check 'gradients'; known checks: "
-        "initial, rows, pre_norm, post_norm, update, frozen, synchronized"
+        "initial, rows, pre_norm, post_norm, update, frozen, synchronized, trainables, optimizer_state, "
+        "param_groups, lr_scheduler, loop, first_loss, lr"
     )
 
 
@@ -156,7 +152,7 @@ def test_every_registered_fault_has_a_planter_and_known_checks(name: str) -> Non
     assert fault.name == name and fault.description and fault.arms
     assert isinstance(fault.planter, Planter) and fault.planter is not CLEAN
     assert fault.planter.hooks(), f"{name}'s planter overrides no hook, so planting it changes nothing"
-    assert fault.by and set(fault.by) <= set(PARITY_CHECKS)
+    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(RESUME_CHECKS)
     assert CLEAN.hooks() == ()
 
 

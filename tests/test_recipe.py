@@ -196,7 +196,8 @@ def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
             "ddp",
             {"fault": "skip-update"},
             "fault 'skip-update' is reserved for the BF16 criterion v2 and not planted by this version; "
-            "faults it plants: missing-rank, wrong-scale, accumulate-sum",
+            "faults it plants: missing-rank, wrong-scale, accumulate-sum, dropped-optimizer-state, "
+            "reset-lr-scheduler, perturbed-weight",
         ),
         (
             "ddp",

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_sprite.assertions import AssertionFailure
-from pytest_sprite.assertions.faults import expect_fault_rejected
+from pytest_sprite import AssertionFailure
+from pytest_sprite.assertions.faults import FaultNotRejected, expect_fault_rejected
 from pytest_sprite.assertions.resume import RESUME_CHECKS, ResumeError, ResumeResult, judge_resume
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
@@ -359,9 +359,13 @@ def test_error_carries_the_result_and_attributes_the_fault() -> None:
     assert isinstance(error, AssertionFailure) and isinstance(error, AssertionError)
     assert isinstance(error.result, ResumeResult)
     assert "FAIL: lr_scheduler (fault reset-lr-scheduler)" in result.verdict_table()
-    with expect_fault_rejected("reset-lr-scheduler") as rejection:
+    with expect_fault_rejected("reset-lr-scheduler", by="lr_scheduler") as rejection:
         raise error
     assert rejection.evidence.checks == ("lr_scheduler",)
+    # The registry wants the per-step LR check to see it too (a real reset changes the next step's LR).
+    with pytest.raises(FaultNotRejected, match="rejected by lr_scheduler, but by= requires lr among them"):
+        with expect_fault_rejected("reset-lr-scheduler"):
+            raise error
 
 
 def test_checks_are_listed_in_order() -> None:
@@ -386,3 +390,48 @@ def test_missing_role_is_refused() -> None:
         SpriteUsageError, match=r"the resume run has no 'killed' role \(roles: fit, twin, resume, reload\)"
     ):
         judge_resume(dataclasses.replace(run, roles=roles))
+
+
+def _trainer_like() -> Any:
+    from types import SimpleNamespace
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    net[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=0.01)
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=6)
+    for _ in range(3):
+        net(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    return SimpleNamespace(
+        optimizers=[optimizer],
+        lr_scheduler_configs=[SimpleNamespace(scheduler=scheduler)],
+        lightning_module=net,
+    )
+
+
+def test_the_registry_planters_break_what_they_say() -> None:
+    from pytest_sprite.faults import PlantSite, plant
+
+    site = PlantSite(arm="resume", rank=0, world_size=1, accumulate=1)
+    trainer = _trainer_like()
+    plant("dropped-optimizer-state", site).after_restore(trainer, site)
+    assert len(trainer.optimizers[0].state) == 0
+
+    trainer = _trainer_like()
+    plant("reset-lr-scheduler", site).after_restore(trainer, site)
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.last_epoch == 0 and trainer.optimizers[0].param_groups[0]["lr"] == 0.01
+    scheduler.step()
+    assert scheduler.last_epoch == 1 and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.0085)
+
+    trainer = _trainer_like()
+    weight = trainer.lightning_module[1].weight
+    before = weight.detach().clone()
+    frozen = trainer.lightning_module[0].weight.detach().clone()
+    plant("perturbed-weight", site).after_restore(trainer, site)
+    assert (weight.detach() - before).flatten().tolist() == pytest.approx([1e-3, 0.0], abs=1e-6)
+    assert torch.equal(trainer.lightning_module[0].weight, frozen)
+
+    with pytest.raises(SpriteUsageError, match="fault 'perturbed-weight' applies to arms resume, not 'ddp'"):
+        plant("perturbed-weight", PlantSite(arm="ddp", rank=0, world_size=2, accumulate=1))

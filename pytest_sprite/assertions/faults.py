@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.parity import PARITY_CHECKS
+from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import get_fault
 
@@ -66,11 +67,12 @@ class expect_fault_rejected:
         self.fault = entry.name
         self.description = entry.description
         required = (by,) if isinstance(by, str) else tuple(by) if by is not None else entry.by
-        unknown = [c for c in required if c not in PARITY_CHECKS]
+        known = (*PARITY_CHECKS, *(c for c in RESUME_CHECKS if c not in PARITY_CHECKS))
+        unknown = [c for c in required if c not in known]
         if unknown:
             raise SpriteUsageError(
                 f"expect_fault_rejected({fault!r}, by={by!r}): unknown check {', '.join(map(repr, unknown))}; "
-                f"known checks: {', '.join(PARITY_CHECKS)}"
+                f"known checks: {', '.join(known)}"
             )
         self.by = required
         self._evidence: FaultRejection | None = None

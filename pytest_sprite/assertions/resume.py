@@ -456,21 +456,21 @@ def _continuation(
             got = ", ".join(f"epoch {e} batch {b}" for e, b in sorted(positions))
             rows_bad.append(f"step {s}: trained at {got}, the fit at epoch {ref.epoch} batch {ref.batch}")
             continue
-        mine = _step_rows(arm_records, s)
-        theirs = _step_rows(fit, s)
-        if mine is None or theirs is None:
+        rows_mine = _step_rows(arm_records, s)
+        rows_theirs = _step_rows(fit, s)
+        if rows_mine is None or rows_theirs is None:
             rows_bad.append(f"step {s}: a rank has no record of the step")
-        elif same_world and mine != theirs:
-            ranks = [r for r, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+        elif same_world and rows_mine != rows_theirs:
+            ranks = [r for r, (a, b) in enumerate(zip(rows_mine, rows_theirs, strict=True)) if a != b]
             r0 = ranks[0]
             rows_bad.append(
-                f"step {s}: {fold_ranks(ranks)} trained other rows (rank {r0}: {list(mine[r0])} != fit's "
-                f"{list(theirs[r0])})"
+                f"step {s}: {fold_ranks(ranks)} trained other rows (rank {r0}: {list(rows_mine[r0])} != fit's "
+                f"{list(rows_theirs[r0])})"
             )
-        elif sorted(i for rows in mine for i in rows) != sorted(i for rows in theirs for i in rows):
+        elif sorted(i for rows in rows_mine for i in rows) != sorted(i for rows in rows_theirs for i in rows):
             rows_bad.append(
-                f"step {s}: the ranks together trained {sorted(i for rows in mine for i in rows)}, the fit "
-                f"{sorted(i for rows in theirs for i in rows)}"
+                f"step {s}: the ranks together trained {sorted(i for rows in rows_mine for i in rows)}, the fit "
+                f"{sorted(i for rows in rows_theirs for i in rows)}"
             )
     if lr_bad:
         problems["lr"] = lr_bad[0]
@@ -722,95 +722,38 @@ def assert_resume_bitexact(
 ) -> ResumeResult:
     """Kill a fit after its epoch-1 checkpoint, resume it in new processes, and require the restore bit for bit.
 
-    ``recipe`` is the ``lora_qwen`` fixture (or a :class:`~pytest_sprite.recipes._resume.ResumeRecipe`).
-    Call it on every rank of a ranks test (or in a plain test, for ``single``): every role runs in a
-    sub-world of the test's ranks. ``reshard=True`` (FSDP2) also resumes at half the world; ``export``
-    (default on for ddp and fsdp_file) also loads the checkpoint on one device. ``fault`` plants a resume
-    fault after the restore (a negative control for ``expect_fault_rejected``). Checkpoints go to
-    ``directory`` (default: a fresh directory of rank 0's, shared with every rank).
+    ``recipe`` is the ``lora_qwen`` fixture, or any recipe with a ``resume_roles(...)`` method returning a
+    :class:`~pytest_sprite.records.ResumeRun`; a ``ResumeRun`` itself is judged as it is (offline). Call it
+    on every rank of a ranks test (a plain test runs ``single``): every role runs in a sub-world of the
+    test's ranks. ``reshard=True`` (FSDP2) also resumes at half the world; ``export`` (default on for ddp and
+    fsdp_file) also loads the checkpoint on one device; ``fault`` plants a resume fault after the restore
+    (a negative control for ``expect_fault_rejected``). Checkpoints go to ``directory`` (default: a fresh
+    directory of rank 0's, shared with every rank).
 
     Raises :class:`ResumeError` with the seed's tables when a required check fails; returns the
     :class:`ResumeResult` otherwise.
     """
-    run = _run(recipe, strategy, precision, reshard, export, fault, directory)
+    if isinstance(recipe, ResumeRun):
+        run = recipe
+    else:
+        roles = getattr(recipe, "resume_roles", None)
+        if not callable(roles):
+            raise SpriteUsageError(
+                f"assert_resume_bitexact needs the lora_qwen fixture (or a recipe with a resume_roles(...) "
+                f"method, or a ResumeRun to judge again), got {type(recipe).__name__}"
+            )
+        run = roles(
+            strategy=strategy,
+            precision=precision,
+            reshard=reshard,
+            export=export,
+            fault=fault,
+            directory=directory,
+        )
     result = judge_resume(run)
     if not result.passed:
         raise ResumeError(result.report(), failed=result.failed, result=result)
     return result
-
-
-def _run(
-    recipe: Any,
-    strategy: str,
-    precision: str,
-    reshard: bool,
-    export: bool | None,
-    fault: str | None,
-    directory: str | os.PathLike[str] | None,
-) -> ResumeRun:
-    from pytest_sprite.recipes._resume import RESUME_FAULTS, STRATEGIES, ResumeRecipe
-    from pytest_sprite.recipes.resume import run_resume_roles
-    from pytest_sprite.world import current_world
-
-    if strategy not in STRATEGIES:
-        raise SpriteUsageError(
-            f"assert_resume_bitexact(strategy={strategy!r}): use one of {', '.join(STRATEGIES)}"
-        )
-    if precision not in ("32-true", "bf16-mixed"):
-        raise SpriteUsageError(
-            f"assert_resume_bitexact(precision={precision!r}): use '32-true' or 'bf16-mixed' (the seed's cells)"
-        )
-    if fault is not None and fault not in RESUME_FAULTS:
-        raise SpriteUsageError(
-            f"assert_resume_bitexact(fault={fault!r}): resume faults are {', '.join(RESUME_FAULTS)}"
-        )
-    world = current_world()
-    size = world.size if world is not None else 1
-    if strategy != "single" and size < 2:
-        raise SpriteUsageError(
-            f"assert_resume_bitexact(strategy={strategy!r}) needs the ranks of a test marked "
-            "@pytest.mark.ranks(n) with n >= 2; this test runs on one process"
-        )
-    if isinstance(recipe, ResumeRecipe):
-        resume_recipe = recipe
-    else:
-        qwen_path = getattr(recipe, "qwen_path", None)
-        resume_recipe = ResumeRecipe(
-            seed=int(getattr(recipe, "seed", 0)),
-            qwen_path=str(qwen_path) if qwen_path is not None else None,
-            seq_len=int(getattr(recipe, "seq_len", 8)),
-            global_batch=2 * size,
-        )
-    root = _shared_directory(directory)
-    return run_resume_roles(
-        resume_recipe,
-        strategy=strategy,
-        precision=precision,
-        ranks=size,
-        directory=root,
-        reshard=reshard,
-        export=export,
-        fault=fault,
-    )
-
-
-def _shared_directory(directory: str | os.PathLike[str] | None) -> str:
-    """A fresh directory every rank uses: made by rank 0 and broadcast (ranks share its filesystem)."""
-    import tempfile
-
-    from pytest_sprite.world import current_world
-
-    world = current_world()
-    if directory is not None:
-        path = os.fspath(directory)
-    elif world is None or world.rank == 0:
-        path = tempfile.mkdtemp(prefix="sprite-resume-")
-    else:
-        path = ""
-    if world is not None and world.distributed:
-        path = world.broadcast_object(path)
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 def _json(x: float) -> float | str:

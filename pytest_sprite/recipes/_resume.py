@@ -27,11 +27,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from pytest_sprite import subworld
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import FAULTS, PlantSite, plant
 from pytest_sprite.recipes._arm import (
     _fp32_numerics,
     _full,
@@ -51,7 +52,6 @@ __all__ = [
     "ResumeRecipe",
     "RoleSpec",
     "capture_state",
-    "plant_fault",
     "records_from_events",
     "run_role",
 ]
@@ -61,8 +61,8 @@ STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp_file")
 directories) and FSDP2Strategy with ``save_distributed_checkpoint=False`` (one full-state file)."""
 ROLES: tuple[str, ...] = ("fit", "twin", "killed", "resume", "reload", "reshard", "export")
 """Every role of a resume check."""
-RESUME_FAULTS: tuple[str, ...] = ("dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight")
-"""Faults a resume role plants right after its restore."""
+RESUME_FAULTS: tuple[str, ...] = tuple(name for name, f in FAULTS.items() if "resume" in f.arms)
+"""Faults a resume role plants right after its restore (the registry's entries for the ``resume`` arm)."""
 FROZEN_CHANGED = 4
 """Frozen tensors changed before every load: only the checkpoint can put them back."""
 
@@ -234,7 +234,7 @@ def capture_state(trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world
         rank=rank,
         world_size=world_size,
         global_step=int(trainer.global_step),
-        epochs_done=int(trainer.fit_loop.epoch_progress.current.processed),
+        epochs_done=int(getattr(trainer.fit_loop.epoch_progress.current, "processed", 0)),
         trainables={n: _full(p.detach()).to("cpu", copy=True) for n, p in trainables.items()},
         optimizer=opt_full,
         optimizer_devices=opt_devices,
@@ -242,45 +242,6 @@ def capture_state(trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world
         param_groups=tuple(groups),
         scheduler=dict(scheduler.state_dict()),
         frozen={n: tensor_digest(_full(p.detach())) for n, p in frozen.items()},
-    )
-
-
-# -------------------------------------------------------------------------------------------------------
-# faults planted after the restore
-
-
-def plant_fault(fault: str, trainer: pl.Trainer, net: torch.nn.Module) -> str:
-    """Break the restored state the way ``fault`` says; return what was done (for the record).
-
-    Planted identically on every rank, right after Lightning's restore and before the first resumed step:
-
-    - ``dropped-optimizer-state``: AdamW's state is emptied, so its moments and step count start over;
-    - ``reset-lr-scheduler``: the scheduler goes back to step 0 and the optimizer to its base LR;
-    - ``perturbed-weight``: the first element of the first trainable tensor moves by 1e-3.
-    """
-    optimizer = trainer.optimizers[0]
-    if fault == "dropped-optimizer-state":
-        dropped = len(optimizer.state)
-        optimizer.state.clear()
-        return f"emptied the optimizer state of {dropped} parameters"
-    if fault == "reset-lr-scheduler":
-        scheduler = trainer.lr_scheduler_configs[0].scheduler
-        was = scheduler.last_epoch
-        for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
-            group["lr"] = base
-        scheduler.last_epoch = 0
-        scheduler._step_count = 1  # type: ignore[attr-defined]
-        scheduler._last_lr = list(scheduler.base_lrs)  # type: ignore[attr-defined]
-        return f"reset the LR scheduler from last_epoch {was} to 0"
-    if fault == "perturbed-weight":
-        name, param = next((n, p) for n, p in net.named_parameters() if p.requires_grad)
-        local = _local(param.data)
-        if local.numel():
-            with torch.no_grad():
-                local.view(-1)[0] += 1e-3
-        return f"added 1e-3 to the first element of {name}"
-    raise SpriteUsageError(
-        f"fault {fault!r} is not planted after a restore; resume faults: {', '.join(RESUME_FAULTS)}"
     )
 
 
@@ -360,7 +321,9 @@ class _ResumeModule(pl.LightningModule):
         if self._spec.resume_from is None:
             return
         if self._spec.fault is not None:
-            self._emit("fault", plant_fault(self._spec.fault, self.trainer, self.net))
+            site = PlantSite(arm="resume", rank=self._world.rank, world_size=self._world.size, accumulate=1)
+            plant(self._spec.fault, site).after_restore(self.trainer, site)
+            self._emit("fault", self._spec.fault)
         self._emit("restored", self._capture())
         if self._spec.stop_after_restore:
             self.trainer.should_stop = True
@@ -405,7 +368,7 @@ class _ResumeModule(pl.LightningModule):
 
 def _change_frozen(net: torch.nn.Module) -> list[str]:
     """Add 1 to the first FROZEN_CHANGED frozen tensors, so only the checkpoint can restore them."""
-    changed = []
+    changed: list[str] = []
     with torch.no_grad():
         for name, param in net.named_parameters():
             if len(changed) == FROZEN_CHANGED:
@@ -482,7 +445,7 @@ def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | No
         net=net, rows=rows, spec=spec, world=world, micro_batch=recipe.global_batch // ranks, emit=send
     )
     directory = Path(spec.directory)
-    callbacks = [
+    callbacks: list[Callback] = [
         ModelCheckpoint(
             dirpath=directory,
             filename="{epoch}",

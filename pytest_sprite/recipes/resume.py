@@ -16,13 +16,16 @@ from typing import Any
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.records import ResumeRun, RoleRecord
 from pytest_sprite.subworld import KillAt, SubworldError, SubworldResult, run_subworld
+from pytest_sprite.world import World
 
-__all__ = ["EXPORTED", "RESHARDED", "run_resume_roles"]
+__all__ = ["EXPORTED", "PRECISIONS", "RESHARDED", "resume_roles", "run_resume_roles"]
 
 RESHARDED: tuple[str, ...] = ("fsdp",)
 """Strategies whose checkpoint also resumes at half the world size (torch.distributed.checkpoint reshards)."""
 EXPORTED: tuple[str, ...] = ("ddp", "fsdp_file")
 """Strategies whose checkpoint is one full-state file that also loads on one device."""
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
+"""The seed's checkpoint cells: FP32 and BF16 autocast."""
 
 
 def _records(result: SubworldResult, *, killed: bool, directory: Path) -> tuple[RoleRecord, ...]:
@@ -130,3 +133,70 @@ def run_resume_roles(
 def _device_type(record: RoleRecord) -> str:
     devices = record.saves[0].param_devices if record.saves else {}
     return next(iter(devices.values()), "cpu").split(":")[0]
+
+
+def resume_roles(
+    recipe: Any,
+    *,
+    strategy: str,
+    precision: str,
+    reshard: bool,
+    export: bool | None,
+    fault: str | None,
+    directory: str | os.PathLike[str] | None,
+    world: World | None,
+) -> ResumeRun:
+    """``lora_qwen.resume_roles``: check the arguments, share a checkpoint directory, run every role."""
+    from pytest_sprite.recipes._resume import RESUME_FAULTS, STRATEGIES, ResumeRecipe
+
+    if strategy not in STRATEGIES:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(strategy={strategy!r}): use one of {', '.join(STRATEGIES)}"
+        )
+    if precision not in PRECISIONS:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(precision={precision!r}): use one of {', '.join(PRECISIONS)} (the seed's cells)"
+        )
+    if fault is not None and fault not in RESUME_FAULTS:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(fault={fault!r}): the faults planted after a restore are "
+            f"{', '.join(RESUME_FAULTS)}"
+        )
+    size = world.size if world is not None else 1
+    if strategy != "single" and (world is None or not world.distributed or size < 2):
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(strategy={strategy!r}) needs the ranks of a test marked "
+            "@pytest.mark.ranks(n) with n >= 2; this test runs on one process"
+        )
+    resume_recipe = ResumeRecipe(
+        seed=int(getattr(recipe, "seed", 0)),
+        qwen_path=str(recipe.qwen_path) if getattr(recipe, "qwen_path", None) is not None else None,
+        seq_len=int(getattr(recipe, "seq_len", 8)),
+        global_batch=2 * size,
+    )
+    return run_resume_roles(
+        resume_recipe,
+        strategy=strategy,
+        precision=precision,
+        ranks=size,
+        directory=_shared_directory(directory, world),
+        reshard=reshard,
+        export=export,
+        fault=fault,
+    )
+
+
+def _shared_directory(directory: str | os.PathLike[str] | None, world: World | None) -> str:
+    """A fresh directory every rank uses: made by rank 0 and broadcast (the ranks share its filesystem)."""
+    import tempfile
+
+    if directory is not None:
+        path = os.fspath(directory)
+    elif world is None or world.rank == 0:
+        path = tempfile.mkdtemp(prefix="sprite-resume-")
+    else:
+        path = ""
+    if world is not None and world.distributed:
+        path = world.broadcast_object(path)
+    os.makedirs(path, exist_ok=True)
+    return path
