@@ -3,7 +3,8 @@
 The lightning-sprite seed's "Checkpoints" rule at the session's world size (``--ranks=W``): a fit killed one
 step past its epoch-1 checkpoint resumes in new processes and must restore exactly what the save captured
 and train the same LRs and rows; FSDP2 also resumes at W/2 ranks, DDP and full-state FSDP2 checkpoints also
-load on one device. Three faults planted after the restore must each be rejected (12 cases).
+load on one device. Three faults planted after the restore must each be rejected (12 cases per precision).
+Select a seed cell's precision with ``-k 32-true`` or ``-k bf16-mixed`` (see hpc/*/README.md).
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def test_resume(world, lora_qwen, at_world_size, strategy: str, precision: str) 
 
 
 @pytest.mark.ranks(SIZES)
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_resume_fault_is_rejected(world, lora_qwen, at_world_size, strategy: str, fault: str) -> None:  # type: ignore[no-untyped-def]
+def test_resume_fault_is_rejected(  # type: ignore[no-untyped-def]
+    world, lora_qwen, at_world_size, strategy: str, fault: str, precision: str
+) -> None:
     with expect_fault_rejected(fault):
-        assert_resume_bitexact(lora_qwen, strategy=strategy, fault=fault, export=False)
+        assert_resume_bitexact(lora_qwen, strategy=strategy, precision=precision, fault=fault, export=False)
