@@ -31,7 +31,7 @@ def at_world_size(request: pytest.FixtureRequest, world) -> None:  # type: ignor
     """The resume checks run once, at the session's world size: smaller sizes are skipped."""
     from pytest_sprite._settings import settings_key
 
-    session = request.config.stash[settings_key].ranks
+    session = request.config.stash[settings_key].world_size
     if session is not None and world.size != session:
         pytest.skip(f"the resume checks run at the world size (--ranks={session}), not at {world.size} ranks")
 
