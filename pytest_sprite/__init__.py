@@ -26,6 +26,7 @@ __all__ = [
     "Fault",
     "FaultNotRejected",
     "FaultRejection",
+    "KillAt",
     "LaunchError",
     "LoraQwen",
     "ParityError",
@@ -34,15 +35,21 @@ __all__ = [
     "RankEnvError",
     "Recipe",
     "RecipeIdentity",
+    "ResumeError",
+    "ResumeResult",
     "SpriteError",
     "SpriteUsageError",
+    "SubworldError",
+    "SubworldResult",
     "World",
     "assert_criterion_v2",
     "assert_parity",
+    "assert_resume_bitexact",
     "collected",
     "data_parallel_mesh",
     "expect_fault_rejected",
     "load_arm_record",
+    "run_subworld",
     "tensor_digest",
 ]
 
@@ -61,6 +68,7 @@ _LAZY = {
     "Fault": "pytest_sprite.faults",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
     "FaultRejection": "pytest_sprite.assertions.faults",
+    "KillAt": "pytest_sprite.subworld",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
     "PARITY_CHECKS": "pytest_sprite.assertions.parity",
@@ -70,15 +78,21 @@ _LAZY = {
     "RankEnvError": "pytest_sprite.errors",
     "Recipe": "pytest_sprite.recipes.recipe",
     "RecipeIdentity": "pytest_sprite.records",
+    "ResumeError": "pytest_sprite.assertions.resume",
+    "ResumeResult": "pytest_sprite.assertions.resume",
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
+    "SubworldError": "pytest_sprite.subworld",
+    "SubworldResult": "pytest_sprite.subworld",
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
     "assert_parity": "pytest_sprite.assertions.parity",
+    "assert_resume_bitexact": "pytest_sprite.assertions.resume",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
+    "run_subworld": "pytest_sprite.subworld",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
@@ -102,6 +116,7 @@ if TYPE_CHECKING:
         ParityResult,
         assert_parity,
     )
+    from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .faults import FAULTS, Fault
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
@@ -109,6 +124,7 @@ if TYPE_CHECKING:
     from .recipes.mesh import data_parallel_mesh
     from .recipes.recipe import Recipe
     from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
+    from .subworld import KillAt, SubworldError, SubworldResult, run_subworld
     from .world import World
 
 
