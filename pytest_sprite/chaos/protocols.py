@@ -56,7 +56,8 @@ def train(out_dir: str | os.PathLike[str], protocol: Protocol) -> dict[str, torc
     note_resumed_from(None if latest is None else latest.name)
     for step in range(start, STEPS):
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(xs[step]), ys[step]).backward()
+        loss = torch.nn.functional.mse_loss(model(xs[step]), ys[step])
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
         if (step + 1) % SAVE_EVERY == 0:
             _save(out, step + 1, model, opt, protocol)

@@ -95,6 +95,7 @@ def _child(
 
         if plan is not None:
             inject.install(plan)
+        payload: tuple[str, Any, str | None, str | None]
         try:
             value = fn(*args)
             inject.finish()

@@ -123,7 +123,7 @@ class CommandTarget:
     argv: tuple[str, ...]
     """The command, with ``{out}`` where it takes its output directory."""
     result_file: str
-    """Where the run leaves its final weights (``torch.save`` of a state dict, or ``.safetensors``)."""
+    """Where the run leaves its final weights (``torch.save`` of a state dict, ``.safetensors`` or ``.json``)."""
     resume_argv: tuple[str, ...] | None = None
     """The resume command (default: the same command)."""
     env: Mapping[str, str] = field(default_factory=dict)
@@ -248,7 +248,17 @@ def prewarm_torch() -> None:
 
 
 def load_weights(path: Path) -> dict[str, Any]:
-    """A result file's tensors: ``.safetensors`` or a ``torch.save`` of a state dict (or of a module)."""
+    """A result file's weights: ``.safetensors``, a ``torch.save`` of a state dict (or module), or ``.json``.
+
+    A ``.json`` object of plain values suits scripts that use no torch; its values are compared for equality.
+    """
+    if path.suffix == ".json":
+        import json
+
+        value = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(value, dict):
+            raise ValueError(f"holds a JSON {type(value).__name__}, not an object of weights")
+        return value
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -266,7 +276,8 @@ def load_weights(path: Path) -> dict[str, Any]:
 def weight_diff(a: Any, b: Any) -> float:
     """Largest absolute difference between two results (mappings of tensors); ``inf`` when they do not match up.
 
-    Non-tensor values count as 0 when equal and ``inf`` otherwise; so do results that are not mappings.
+    Plain numbers (and lists of them) are compared numerically; other values count as 0 when equal and ``inf``
+    otherwise, and so do results that are not mappings.
     """
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
         return 0.0 if a == b else float("inf")
@@ -286,6 +297,24 @@ def weight_diff(a: Any, b: Any) -> float:
             if d != d:  # nan
                 return float("nan")
             worst = max(worst, d)
-        elif x != y:
-            return float("inf")
+        else:
+            d = _plain_diff(x, y)
+            if d != d:
+                return float("nan")
+            worst = max(worst, d)
     return worst
+
+
+def _plain_diff(x: Any, y: Any) -> float:
+    """Largest difference between two plain values: numbers, or equally long lists of numbers; else 0 or inf."""
+    numbers = (int, float)
+    if (
+        isinstance(x, numbers)
+        and isinstance(y, numbers)
+        and not isinstance(x, bool)
+        and not isinstance(y, bool)
+    ):
+        return abs(float(x) - float(y))
+    if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return max((_plain_diff(a, b) for a, b in zip(x, y, strict=True)), default=0.0)
+    return 0.0 if x == y else float("inf")
