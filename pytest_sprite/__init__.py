@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "ArmRecord",
+    "CrashConsistencyError",
+    "CrashMatrix",
     "FaultNotRejected",
     "LaunchError",
     "LoraQwen",
@@ -20,14 +22,18 @@ __all__ = [
     "SpriteError",
     "SpriteUsageError",
     "World",
+    "assert_crash_consistent",
     "assert_parity",
     "collected",
     "expect_fault_rejected",
+    "judge_crash_matrix",
     "load_arm_record",
 ]
 
 _LAZY = {
     "ArmRecord": "pytest_sprite.records",
+    "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
+    "CrashMatrix": "pytest_sprite.chaos.verdicts",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
@@ -38,16 +44,20 @@ _LAZY = {
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
     "World": "pytest_sprite.world",
+    "assert_crash_consistent": "pytest_sprite.assertions.crash_consistency",
     "assert_parity": "pytest_sprite.assertions.parity",
     "collected": "pytest_sprite._collected",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
+    "judge_crash_matrix": "pytest_sprite.chaos.verdicts",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
 }
 
 if TYPE_CHECKING:
     from ._collected import collected
+    from .assertions.crash_consistency import CrashConsistencyError, assert_crash_consistent
     from .assertions.faults import FaultNotRejected, expect_fault_rejected
     from .assertions.parity import ParityError, ParityRefused, ParityResult, assert_parity
+    from .chaos.verdicts import CrashMatrix, judge_crash_matrix
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .recipes.artifacts import load_arm_record
     from .recipes.lora_qwen import LoraQwen

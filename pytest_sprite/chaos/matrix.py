@@ -144,6 +144,13 @@ def run_matrix(
             f"the fault-free run of {target.label} failed, so there is nothing to crash: {_failure(first)} "
             f"(its output: {runs.outputs('free-1')[0].relative_to(out_dir.parent)})"
         )
+    missing = [log for log in runs.logs("free-1") if not log.exists()]
+    if missing:
+        raise SpriteUsageError(
+            f"the fault-free run of {target.label} returned, but the crash injector never started in it "
+            f"(no event log {missing[0].name}); a command's interpreter must load the generated sitecustomize "
+            f"(its output: {runs.outputs('free-1')[0].relative_to(out_dir.parent)})"
+        )
     reference = first.value(0)
     free_log = runs.log("free-1")
     second = runs.run("free-2")

@@ -101,6 +101,7 @@ class FunctionTarget:
 
 _SITECUSTOMIZE = '''"""Written by pytest-sprite's crash matrix: install the chaos plan of {plan_env} in this interpreter."""
 import atexit
+import sys
 
 sys.path.append({package_root!r})
 from pytest_sprite.chaos import inject

@@ -216,6 +216,11 @@ class CrashMatrix:
                 f"{len(self.flake_failures)} of {self.flake_runs} repeated fault-free runs failed: "
                 + "; ".join(self.flake_failures[:3])
             )
+        if not self.rows:
+            found.append(
+                "the fault-free run made no file event under its training directory, so nothing was crashed: "
+                "the target must write its checkpoints into the directory it is given"
+            )
         if self.control.verdict != "PASS":
             found.append(
                 f"the control run (no crash) came back {self.control.verdict}: {self.control.error or ''}"
