@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
 from pytest_sprite.chaos.inject import Plan
@@ -27,7 +28,7 @@ from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.chaos.verdicts import CrashMatrix, CrashRow, judge_matrix
 from pytest_sprite.errors import SpriteUsageError
 
-__all__ = ["CrashPoint", "crash_points", "prepare_out_dir", "run_matrix"]
+__all__ = ["TEAR_CHOICES", "CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,16 +39,31 @@ class CrashPoint:
     torn: bool
 
 
-def crash_points(log: EventLog, ranks: int, *, max_points: int | None = None) -> list[CrashPoint]:
+Tear = Literal["all", "native", "none"]
+TEAR_CHOICES: tuple[str, ...] = ("all", "native", "none")
+
+
+def crash_points(
+    log: EventLog,
+    ranks: int,
+    *,
+    max_points: int | None = None,
+    select: Callable[[FileEvent], bool] | None = None,
+    tear: Tear = "all",
+) -> list[CrashPoint]:
     """Every crash point of a fault-free run: each event of each rank, plus a torn one for each file write.
 
-    With ``max_points``, an evenly spaced sample of that many (first and last always kept).
+    ``select`` keeps only the events it accepts; ``tear="native"`` tears only the native writers' files
+    (``torch.save``, safetensors: the seed's built-in targets), ``"none"`` tears nothing. With ``max_points``,
+    an evenly spaced sample of that many (first and last always kept).
     """
     points: list[CrashPoint] = []
     for rank in range(ranks):
         for event in log.for_rank(rank):
+            if select is not None and not select(event):
+                continue
             points.append(CrashPoint(event=event, torn=False))
-            if event.tearable:
+            if event.tearable and (tear == "all" or (tear == "native" and event.kind != "open")):
                 points.append(CrashPoint(event=event, torn=True))
     if max_points is not None and len(points) > max_points:
         if max_points == 1:
@@ -131,6 +147,8 @@ def run_matrix(
     timeout: float = 300.0,
     grace: float = 5.0,
     max_points: int | None = None,
+    select: Callable[[FileEvent], bool] | None = None,
+    tear: Tear = "all",
 ) -> CrashMatrix:
     """Run the whole matrix of ``target`` inside ``out_dir`` (created by :func:`prepare_out_dir`) and judge it."""
     start = time.monotonic()
@@ -167,7 +185,9 @@ def run_matrix(
         runs, reference, point=0, name="control", train_dir="free-2", crash=None, free_log=free_log
     )
     rows: list[CrashRow] = []
-    for number, point in enumerate(crash_points(free_log, target.ranks, max_points=max_points), start=1):
+    for number, point in enumerate(
+        crash_points(free_log, target.ranks, max_points=max_points, select=select, tear=tear), start=1
+    ):
         name = f"p{number:03d}{'t' if point.torn else ''}"
         crashed = runs.run(name, crash=point)
         rows.append(

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 
-__all__ = ["RankOutcome", "RunOutcome", "output_tail", "run_forked"]
+__all__ = ["RankOutcome", "RunOutcome", "output_tail", "rank_envs", "run_forked"]
 
 Status = Literal["returned", "raised", "crashed", "died", "timeout"]
 
@@ -188,6 +188,25 @@ def run_forked(
     for pid, _ in children:  # what a rank left running (a dataloader worker, a stuck peer) ends with the run
         _kill_group(pid)
     return RunOutcome(ranks=tuple(outcomes), wall_s=time.monotonic() - start)
+
+
+def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:
+    """torchrun's variables for ``ranks`` local processes with a fresh rendezvous port (one per run)."""
+    from pytest_sprite._rankenv import free_port
+
+    port = free_port("127.0.0.1") if port is None else port
+    return [
+        {
+            "RANK": str(r),
+            "LOCAL_RANK": str(r),
+            "WORLD_SIZE": str(ranks),
+            "LOCAL_WORLD_SIZE": str(ranks),
+            "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        for r in range(ranks)
+    ]
 
 
 def _kill_group(pid: int) -> None:
