@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.chaos.events import FileEvent
 from pytest_sprite.chaos.verdicts import CrashMatrix, judge_crash_matrix
 from pytest_sprite.errors import SpriteUsageError
 
@@ -34,6 +35,8 @@ def assert_crash_consistent(
     target: Callable[[Path], Any] | Sequence[str] | Any,
     *,
     out_dir: str | os.PathLike[str],
+    ranks: int = 1,
+    strategy: str | None = None,
     flake: int = 0,
     allow_lost_work: bool = True,
     atol: float = 0.0,
@@ -43,11 +46,16 @@ def assert_crash_consistent(
     timeout: float = 300.0,
     grace: float = 5.0,
     max_points: int | None = None,
+    select: Callable[[FileEvent], bool] | None = None,
+    tear: str = "all",
 ) -> CrashMatrix:
     """Crash ``target`` at every file event of its run, resume each crash, and require every resume to be sound.
 
     ``target`` is a training function ``fn(train_dir)`` that trains to the end, resuming from whatever it finds in
-    ``train_dir``, and returns its final weights (a mapping of tensors, or a module); or a command (a list of
+    ``train_dir``, and returns its final weights (a mapping of tensors, or a module), run as ``ranks`` forked
+    processes (with torchrun's variables when more than one; the function starts its process group); or the
+    ``lora_qwen`` fixture's recipe with ``strategy=`` (single, ddp, fsdp, fsdp_file; a Lightning fit resumed
+    with ``ckpt_path="last"``); or a command (a list of
     strings with ``{out}`` where the script takes its output directory) with ``result_file=`` (``"{out}/final.pt"``)
     and optionally ``resume_cmd=``; or a ready-made target object (see :mod:`pytest_sprite.chaos.targets`).
 
@@ -60,7 +68,7 @@ def assert_crash_consistent(
     ``matrix.json`` for ``judge_crash_matrix``. ``atol`` is the weight difference still counted as equal (0: bit
     for bit); ``timeout`` bounds each run (seconds); ``max_points`` samples that many crash points evenly.
     """
-    from pytest_sprite.chaos.matrix import prepare_out_dir, run_matrix
+    from pytest_sprite.chaos.matrix import TEAR_CHOICES, prepare_out_dir, run_matrix
 
     for name, value in (("flake", flake),):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -73,7 +81,11 @@ def assert_crash_consistent(
         raise SpriteUsageError(f"timeout must be positive seconds, got {timeout!r}")
     if max_points is not None and (not isinstance(max_points, int) or max_points < 1):
         raise SpriteUsageError(f"max_points must be a positive int or None, got {max_points!r}")
-    resolved = _target(target, result_file=result_file, resume_cmd=resume_cmd, env=env)
+    if tear not in TEAR_CHOICES:
+        raise SpriteUsageError(f"tear={tear!r} is not one of {', '.join(map(repr, TEAR_CHOICES))}")
+    resolved = _target(
+        target, ranks=ranks, strategy=strategy, result_file=result_file, resume_cmd=resume_cmd, env=env
+    )
     out = prepare_out_dir(out_dir)
     if hasattr(resolved, "prepare"):
         resolved = resolved.prepare(out / "inject")
@@ -86,6 +98,8 @@ def assert_crash_consistent(
         timeout=float(timeout),
         grace=float(grace),
         max_points=max_points,
+        select=select,
+        tear=tear,  # type: ignore[arg-type]
     )
     if not matrix.passed:
         failed = tuple(
@@ -110,6 +124,8 @@ def _check_name(problem: str) -> str:
 def _target(
     target: Any,
     *,
+    ranks: int,
+    strategy: str | None,
     result_file: str | None,
     resume_cmd: Sequence[str] | None,
     env: Mapping[str, str] | None,
@@ -117,7 +133,21 @@ def _target(
     """The target object for what the user passed, or a SpriteUsageError saying what is accepted."""
     from pytest_sprite.chaos.targets import CommandTarget, FunctionTarget
 
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise SpriteUsageError(f"ranks must be a positive int (processes per run), got {ranks!r}")
+    if type(target).__name__ == "LoraQwen":
+        from pytest_sprite.chaos.lora import LORA_STRATEGIES, LoraQwenTarget
+
+        if strategy is None:
+            raise SpriteUsageError(
+                f"crashing the lora_qwen recipe needs strategy=, one of {', '.join(LORA_STRATEGIES)}"
+            )
+        return LoraQwenTarget(strategy=strategy, ranks=1 if strategy == "single" else ranks)
+    if strategy is not None:
+        raise SpriteUsageError(f"strategy= applies to the lora_qwen recipe, not to a {type(target).__name__}")
     if isinstance(target, (list, tuple)):
+        if ranks != 1:
+            raise SpriteUsageError("a command target runs as one process (its own launcher, if any): ranks=1")
         if result_file is None:
             raise SpriteUsageError(
                 "a command target needs result_file=: where the script leaves its final weights, "
@@ -138,7 +168,7 @@ def _target(
     if hasattr(target, "run") and hasattr(target, "ranks") and hasattr(target, "label"):
         return target
     if callable(target):
-        return FunctionTarget(fn=target, env=dict(env or {}))
+        return FunctionTarget(fn=target, env=dict(env or {}), ranks=ranks)
     raise SpriteUsageError(
         f"cannot crash a {type(target).__name__}: pass a training function fn(train_dir) -> final weights, "
         "a command list with '{out}', or a target from pytest_sprite.chaos.targets"

@@ -64,7 +64,7 @@ class FileEvent:
     kind: str
     """One of :data:`EVENT_KINDS`."""
     path: str
-    """The file or folder, POSIX-style relative to the watched directory (absolute when outside it)."""
+    """The file or folder, POSIX-style relative to the watched directory (``<outside>`` when outside it)."""
     dest: str | None = None
     """Rename target, in the same form; None for other kinds."""
 

@@ -32,6 +32,7 @@ from pytest_sprite.chaos.events import SCRATCH, FileEvent
 
 __all__ = [
     "CRASH_EXIT_CODE",
+    "OUTSIDE",
     "PLAN_ENV",
     "Plan",
     "finish",
@@ -47,6 +48,9 @@ CRASH_EXIT_CODE = 86
 
 PLAN_ENV = "SPRITE_CHAOS_PLAN"
 """Environment variable that carries a JSON :class:`Plan` into an interpreter started by the command form."""
+
+OUTSIDE = "<outside>"
+"""How an event names a file outside the watched directory (the source of a temp file renamed into it)."""
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
@@ -119,10 +123,11 @@ class _Injector:
             self.tear_and_exit(self.pending_tear)
         index = self.count
         self.count += 1
-        shown = rel if rel is not None else os.path.abspath(path)
+        # a file outside (a temp file renamed into place) is named only as such: its name is random per run
+        shown = rel if rel is not None else OUTSIDE
         shown_dest = None
         if dest is not None:
-            shown_dest = rel_dest if rel_dest is not None else os.path.abspath(dest)
+            shown_dest = rel_dest if rel_dest is not None else OUTSIDE
         line = FileEvent(index=index, rank=self.plan.rank, kind=kind, path=shown, dest=shown_dest).to_dict()
         os.write(self.fd, (json.dumps(line) + "\n").encode())
         if index == self.plan.crash_at:

@@ -1,7 +1,7 @@
 """The ``lora_qwen`` recipe as a crash-matrix target: a Lightning fit that saves and auto-resumes.
 
 The recipe's model (tiny Qwen2 + LoRA r=8 on q/k/v/o + a 2-class head, seeded) and rows, trained with SGD and
-the recipe's global-norm clip by a real Lightning fit under one of the shipped strategies:
+momentum and the recipe's global-norm clip by a real Lightning fit under one of the shipped strategies:
 
 - ``single``: one device; ``ddp``: :class:`~pytest_sprite.lightning.XPUDDPStrategy`;
 - ``fsdp``: :class:`~pytest_sprite.lightning.FSDP2Strategy` with sharded checkpoints (a
@@ -35,7 +35,7 @@ LORA_STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp_file")
 STEPS = 10
 SAVE_EVERY = 5
 GLOBAL_BATCH = 4
-LR = 0.5
+LR = 0.1
 CLIP = 0.01
 SEED = 0
 
@@ -62,6 +62,7 @@ def train_lora_qwen(train_dir: Path, strategy: str) -> dict[str, Any]:
     net, _ = build_lora_qwen(seed=SEED)
     rows = make_rows(seed=SEED, rows=STEPS * GLOBAL_BATCH, seq_len=8, vocab_size=net.vocab_size)
     micro = GLOBAL_BATCH // ranks
+    final: dict[str, Any] = {}
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -81,7 +82,7 @@ def train_lora_qwen(train_dir: Path, strategy: str) -> dict[str, Any]:
             epoch = self.trainer.current_epoch
             ids = list(range(epoch * GLOBAL_BATCH + rank, (epoch + 1) * GLOBAL_BATCH, ranks))[:micro]
             batch = {"input_ids": rows.input_ids[ids], "labels": rows.labels[ids]}
-            return DataLoader([batch], batch_size=None)
+            return DataLoader([batch], batch_size=None)  # type: ignore[arg-type]
 
         def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
             logits = self.net(batch["input_ids"])
@@ -93,7 +94,8 @@ def train_lora_qwen(train_dir: Path, strategy: str) -> dict[str, Any]:
             note_resumed_from(_checkpoint_name(step) if step else None)
 
         def configure_optimizers(self) -> Any:
-            return torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR)
+            # momentum: optimizer state to save (torch cannot load a full-state optimizer dict without tensors)
+            return torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR, momentum=0.9)
 
     class MarkedCheckpoint(ModelCheckpoint):
         def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
@@ -135,8 +137,17 @@ def train_lora_qwen(train_dir: Path, strategy: str) -> dict[str, Any]:
     )
     module = Module()
     last = Path(train_dir) / "last.ckpt"
+    strategy_teardown = trainer.strategy.teardown
+
+    def teardown() -> None:
+        # gather here: the strategy's teardown ends the process group before fit returns, and a resume of a
+        # finished run skips every training hook
+        final.update(_full_state(module.net))
+        strategy_teardown()
+
+    trainer.strategy.teardown = teardown  # type: ignore[method-assign]
     trainer.fit(module, ckpt_path="last" if last.exists() else None)
-    return _full_state(module.net)
+    return final
 
 
 def _full_state(net: Any) -> dict[str, Any]:

@@ -24,7 +24,15 @@ from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["PROTOCOLS", "SAVE_EVERY", "STEPS", "train", "train_in_place", "train_tmp_rename"]
+__all__ = [
+    "PROTOCOLS",
+    "SAVE_EVERY",
+    "STEPS",
+    "train",
+    "train_in_place",
+    "train_shared_tmp",
+    "train_tmp_rename",
+]
 
 STEPS = 4
 SAVE_EVERY = 2
@@ -97,6 +105,68 @@ def train_in_place(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 def train_tmp_rename(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Checkpoint folders written under ``.tmp`` and renamed into place; resume skips the unrenamed."""
     return train(out_dir, "tmp_rename")
+
+
+def train_shared_tmp(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every rank writes its part into one shared ``ckpt-N.tmp/`` and then every rank renames it into place.
+
+    The shape of the temporary-folder save Hugging Face merged and reverted (#35580, #36076): each rank checks
+    that the folder is still there and renames it, so when both pass the check before either renames, the
+    loser's rename raises ``FileNotFoundError``. A race: it fails only sometimes, which is what ``flake=``
+    counts. Run under torchrun's variables (``assert_crash_consistent(..., ranks=2)``): a gloo process group,
+    gradients averaged over ranks, rank 0 writes the model, every rank its own optimizer file.
+    """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        out = Path(out_dir)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        xs = torch.randn(STEPS, 8, 4, generator=g)
+        ys = torch.randn(STEPS, 8, 2, generator=g)
+        start = 0
+        latest = _latest(out)
+        if latest is not None:
+            model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
+            opt.load_state_dict(torch.load(latest / f"optim-{rank}.pt", weights_only=True))
+            start = int(json.loads((latest / "state.json").read_text())["step"])
+        note_resumed_from(None if latest is None else latest.name)
+        for step in range(start, STEPS):
+            opt.zero_grad()
+            part = slice(rank * 8 // world, (rank + 1) * 8 // world)
+            loss = torch.nn.functional.mse_loss(model(xs[step][part]), ys[step][part])
+            loss.backward()  # type: ignore[no-untyped-call]
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            opt.step()
+            if (step + 1) % SAVE_EVERY == 0:
+                final = out / f"ckpt-{step + 1}"
+                tmp = out / f"ckpt-{step + 1}.tmp"
+                tmp.mkdir(exist_ok=True)
+                if rank == 0:
+                    torch.save(model.state_dict(), tmp / "model.pt")
+                    with open(tmp / "state.json", "w", encoding="utf-8") as f:
+                        json.dump({"step": step + 1}, f)
+                torch.save(opt.state_dict(), tmp / f"optim-{rank}.pt")
+                dist.barrier()
+                if tmp.exists() and len(os.listdir(tmp)) == world + 2:  # every part is there: install it
+                    for name in sorted(os.listdir(tmp)):  # durable before it is installed
+                        fd = os.open(tmp / name, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                    os.rename(tmp, final)
+                dist.barrier()
+                note_save_complete(final.name)
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    finally:
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

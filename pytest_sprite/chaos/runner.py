@@ -14,6 +14,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -102,7 +103,10 @@ def _child(
             payload = ("returned", _portable(value), None, None)
         except BaseException as exc:  # everything the function raised is the run's outcome
             inject.finish()
-            payload = ("raised", None, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+            text = traceback.format_exc()
+            sys.stderr.write(text)  # into the run's output log, for whoever reads why it failed
+            sys.stderr.flush()
+            payload = ("raised", None, f"{type(exc).__name__}: {exc}", text)
         try:
             data = pickle.dumps(payload)
         except Exception as exc:

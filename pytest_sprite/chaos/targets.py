@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, output_tail, run_forked
+from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, output_tail, rank_envs, run_forked
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = ["CommandTarget", "FunctionTarget", "Target", "weight_diff"]
@@ -55,7 +55,7 @@ class Target(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class FunctionTarget:
-    """``fn(train_dir)`` in a fresh fork of this process per run (one process: the plain-test form)."""
+    """``fn(train_dir)`` in fresh forks of this process per run: one process (the plain-test form), or ``ranks``."""
 
     fn: Callable[[Path], Any]
     """Trains to the end, resuming from whatever it finds in ``train_dir``; returns the final weights."""
@@ -63,6 +63,14 @@ class FunctionTarget:
     """Environment variables set in every run's process."""
     name: str = ""
     """Label in the matrix (default: the function's qualified name)."""
+    ranks: int = 1
+    """Processes per run; with more than one, each is a fork with torchrun's variables (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` on a fresh port) and the function starts its own process
+    group (``torch.distributed.init_process_group("gloo")``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranks, int) or isinstance(self.ranks, bool) or self.ranks < 1:
+            raise SpriteUsageError(f"ranks must be a positive int, got {self.ranks!r}")
 
     @property
     def label(self) -> str:
@@ -70,10 +78,6 @@ class FunctionTarget:
             self.name
             or f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
         )
-
-    @property
-    def ranks(self) -> int:
-        return 1
 
     def prewarm(self) -> None:
         """Load torch's lazily imported parts once here, so that no fork pays for them again."""
@@ -88,14 +92,9 @@ class FunctionTarget:
         timeout: float,
         grace: float,
     ) -> RunOutcome:
+        envs = [{**self.env, **e} for e in rank_envs(self.ranks)] if self.ranks > 1 else [dict(self.env)]
         return run_forked(
-            self.fn,
-            (train_dir,),
-            plans=plans,
-            envs=[dict(self.env)],
-            logs=outputs,
-            timeout=timeout,
-            grace=grace,
+            self.fn, (train_dir,), plans=plans, envs=envs, logs=outputs, timeout=timeout, grace=grace
         )
 
 
