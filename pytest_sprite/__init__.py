@@ -33,7 +33,7 @@ __all__ = [
 _LAZY = {
     "ArmRecord": "pytest_sprite.records",
     "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
-    "CrashMatrix": "pytest_sprite.chaos.verdicts",
+    "CrashMatrix": "pytest_sprite.assertions.crash_consistency",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
@@ -44,20 +44,20 @@ _LAZY = {
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
     "World": "pytest_sprite.world",
-    "assert_crash_consistent": "pytest_sprite.assertions.crash_consistency",
+    "assert_crash_consistent": "pytest_sprite.chaos.api",
     "assert_parity": "pytest_sprite.assertions.parity",
     "collected": "pytest_sprite._collected",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
-    "judge_crash_matrix": "pytest_sprite.chaos.verdicts",
+    "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
 }
 
 if TYPE_CHECKING:
     from ._collected import collected
-    from .assertions.crash_consistency import CrashConsistencyError, assert_crash_consistent
+    from .assertions.crash_consistency import CrashConsistencyError, CrashMatrix, judge_crash_matrix
     from .assertions.faults import FaultNotRejected, expect_fault_rejected
     from .assertions.parity import ParityError, ParityRefused, ParityResult, assert_parity
-    from .chaos.verdicts import CrashMatrix, judge_crash_matrix
+    from .chaos.api import assert_crash_consistent
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .recipes.artifacts import load_arm_record
     from .recipes.lora_qwen import LoraQwen

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite.assertions.crash_consistency import CrashConsistencyError, assert_crash_consistent
-from pytest_sprite.chaos.verdicts import judge_crash_matrix
+from pytest_sprite import CrashConsistencyError, assert_crash_consistent, judge_crash_matrix
 from pytest_sprite.errors import SpriteUsageError
 
 pytestmark = pytest.mark.cpu
@@ -107,6 +106,18 @@ def test_flake_counts_failing_fault_free_runs(tmp_path: Path) -> None:
     )
 
 
+def test_a_target_that_fails_without_any_crash_fails_the_matrix(tmp_path: Path) -> None:
+    with pytest.raises(CrashConsistencyError) as info:
+        assert_crash_consistent(lambda d: 1 / 0, out_dir=tmp_path / "chaos")
+    assert info.value.result.problems == (
+        "the fault-free run failed, so nothing was crashed: ZeroDivisionError: division by zero "
+        "(its output: logs/free-1.r0.out)",
+    )
+    assert info.value.failed[0].check == "fault_free"
+    assert "ZeroDivisionError" in (tmp_path / "chaos" / "logs" / "free-1.r0.out").read_text()
+    assert judge_crash_matrix(tmp_path / "chaos").problems == info.value.result.problems
+
+
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     (tmp_path / "exists").mkdir()
     with pytest.raises(
@@ -121,10 +132,6 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
         assert_crash_consistent(["python", "t.py"], result_file="{out}/f.json", out_dir=tmp_path / "b")
     with pytest.raises(SpriteUsageError, match=r"flake must be a non-negative int"):
         assert_crash_consistent(_json_train, out_dir=tmp_path / "c", flake=-1)
-    with pytest.raises(
-        SpriteUsageError, match=r"the fault-free run of .* failed, so there is nothing to crash"
-    ):
-        assert_crash_consistent(lambda d: 1 / 0, out_dir=tmp_path / "d")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
 
 

@@ -11,12 +11,19 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite.chaos.events import SCRATCH, FileEvent, read_event_log
+from pytest_sprite.assertions.crash_consistency import (
+    SCRATCH,
+    CrashMatrix,
+    CrashRow,
+    judge_crash_matrix,
+    judge_matrix,
+    judge_row,
+)
+from pytest_sprite.chaos.events import FileEvent, read_event_log
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 from pytest_sprite.chaos.matrix import crash_points, prepare_out_dir
 from pytest_sprite.chaos.runner import run_forked
 from pytest_sprite.chaos.targets import weight_diff
-from pytest_sprite.chaos.verdicts import CrashMatrix, CrashRow, judge_crash_matrix, judge_matrix, judge_row
 from pytest_sprite.errors import SpriteUsageError
 
 pytestmark = pytest.mark.cpu

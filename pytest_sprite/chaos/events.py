@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_sprite.assertions.crash_consistency import SCRATCH
+
 __all__ = [
     "EVENT_KINDS",
     "MARK_KINDS",
@@ -48,9 +50,6 @@ TEARABLE_KINDS: frozenset[str] = frozenset({"open", "torch.save", "safetensors"}
 
 MARK_KINDS: tuple[str, ...] = ("save_complete", "resumed_from")
 """Marks a target may leave: a checkpoint it finished saving, the checkpoint its run resumed from."""
-
-SCRATCH = "<scratch>"
-"""``resumed_from`` of a run that found nothing to resume and started from the initial weights."""
 
 
 @dataclass(frozen=True, kw_only=True)

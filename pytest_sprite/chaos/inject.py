@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass
 from types import ModuleType
 from typing import Any
 
-from pytest_sprite.chaos.events import SCRATCH, FileEvent
+from pytest_sprite.assertions.crash_consistency import SCRATCH
+from pytest_sprite.chaos.events import FileEvent
 
 __all__ = [
     "CRASH_EXIT_CODE",

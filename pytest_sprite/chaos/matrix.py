@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from pytest_sprite.assertions.crash_consistency import CrashMatrix, CrashRow, judge_matrix
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
 from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.chaos.runner import RunOutcome
 from pytest_sprite.chaos.targets import Target, weight_diff
-from pytest_sprite.chaos.verdicts import CrashMatrix, CrashRow, judge_matrix
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = ["TEAR_CHOICES", "CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
@@ -158,16 +158,18 @@ def run_matrix(
     runs = _Runs(target, out_dir, timeout=timeout, grace=grace)
     first = runs.run("free-1")
     if not first.ok:
-        raise SpriteUsageError(
-            f"the fault-free run of {target.label} failed, so there is nothing to crash: {_failure(first)} "
-            f"(its output: {runs.outputs('free-1')[0].relative_to(out_dir.parent)})"
+        output = runs.outputs("free-1")[0].relative_to(out_dir)
+        return _finish(
+            _empty(target, atol, allow_lost_work, flake, f"{_failure(first)} (its output: {output})"),
+            out_dir,
+            start,
         )
     missing = [log for log in runs.logs("free-1") if not log.exists()]
     if missing:
         raise SpriteUsageError(
             f"the fault-free run of {target.label} returned, but the crash injector never started in it "
             f"(no event log {missing[0].name}); a command's interpreter must load the generated sitecustomize "
-            f"(its output: {runs.outputs('free-1')[0].relative_to(out_dir.parent)})"
+            f"(its output: {runs.outputs('free-1')[0]})"
         )
     reference = first.value(0)
     free_log = runs.log("free-1")
@@ -212,11 +214,41 @@ def run_matrix(
         saves=saves,
         control=control,
         rows=tuple(rows),
-        wall_s=time.monotonic() - start,
     )
-    matrix = judge_matrix(matrix)
+    return _finish(matrix, out_dir, start)
+
+
+def _finish(matrix: CrashMatrix, out_dir: Path, start: float) -> CrashMatrix:
+    matrix = judge_matrix(replace(matrix, wall_s=time.monotonic() - start))
     matrix.write(out_dir)
     return matrix
+
+
+def _empty(target: Target, atol: float, allow_lost_work: bool, flake: int, error: str) -> CrashMatrix:
+    """The matrix of a target whose fault-free run failed: no rows, the reason, a control that never ran."""
+    control = CrashRow(
+        point=0,
+        rank=None,
+        event="control",
+        file="-",
+        torn=False,
+        crashed=False,
+        resume_status="raised",
+        error="not run: the fault-free run failed",
+    )
+    return CrashMatrix(
+        target=target.label,
+        ranks=target.ranks,
+        atol=atol,
+        allow_lost_work=allow_lost_work,
+        fault_free_diff=float("nan"),
+        flake_runs=flake,
+        flake_failures=(),
+        saves=(),
+        control=control,
+        rows=(),
+        fault_free_error=error,
+    )
 
 
 def _resume_row(

@@ -91,6 +91,9 @@ def _child(
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        # pytest's capture replaced sys.stdout/stderr with its own objects: print into the log instead
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.update(env)
         from pytest_sprite.chaos import inject
 
