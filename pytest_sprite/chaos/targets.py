@@ -21,7 +21,15 @@ from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
 from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, output_tail, rank_envs, run_forked
 from pytest_sprite.errors import SpriteUsageError
 
-__all__ = ["CommandTarget", "FunctionTarget", "Target", "weight_diff"]
+__all__ = [
+    "CommandTarget",
+    "FunctionTarget",
+    "Target",
+    "load_weights",
+    "prewarm_torch",
+    "weight_diff",
+    "write_sitecustomize",
+]
 
 
 class Target(Protocol):
@@ -157,11 +165,7 @@ class CommandTarget:
 
     def prepare(self, inject_dir: Path) -> CommandTarget:
         """Write the ``sitecustomize`` that loads the injector, and return the target that uses it."""
-        inject_dir.mkdir(parents=True)
-        package_root = str(Path(__file__).resolve().parents[2])
-        (inject_dir / "sitecustomize.py").write_text(
-            _SITECUSTOMIZE.format(plan_env=PLAN_ENV, package_root=package_root), encoding="utf-8"
-        )
+        write_sitecustomize(inject_dir)
         return CommandTarget(
             argv=self.argv,
             result_file=self.result_file,
@@ -221,6 +225,19 @@ class CommandTarget:
             error = f"exited 0 but its result file {result.name} is unreadable: {type(exc).__name__}: {exc}"
             return RunOutcome(ranks=(RankOutcome(rank=0, status="raised", error=error),), wall_s=wall)
         return RunOutcome(ranks=(RankOutcome(rank=0, status="returned", value=weights),), wall_s=wall)
+
+
+def write_sitecustomize(inject_dir: Path) -> Path:
+    """Create ``inject_dir`` with a ``sitecustomize.py`` that installs the plan of :data:`PLAN_ENV`.
+
+    Put ``inject_dir`` first on ``PYTHONPATH`` and every interpreter started with a plan records (and dies) as
+    planned; without a plan it does nothing.
+    """
+    inject_dir.mkdir(parents=True)
+    package_root = str(Path(__file__).resolve().parents[2])
+    path = inject_dir / "sitecustomize.py"
+    path.write_text(_SITECUSTOMIZE.format(plan_env=PLAN_ENV, package_root=package_root), encoding="utf-8")
+    return path
 
 
 def prewarm_torch() -> None:
