@@ -25,7 +25,7 @@ TEST = textwrap.dedent(
     import json, os, time
     import pytest
     import lightning.pytorch, peft, transformers  # loaded once by the agents, inherited by test children
-    from pytest_sprite.assertions.parity import assert_parity
+    from pytest_sprite import assert_parity
 
     @pytest.mark.ranks({ranks})
     def test_lora_parity(world, lora_qwen):

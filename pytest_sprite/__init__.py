@@ -1,6 +1,8 @@
 """pytest-sprite: distributed-training correctness as ordinary pytest tests.
 
-The public API is loaded lazily: importing ``pytest_sprite`` imports neither torch nor the plugin.
+The public API is this module's ``__all__`` (and ``pytest_sprite.lightning``'s, the code under test); the
+subpackages are not a second surface. It is loaded lazily: importing ``pytest_sprite`` imports neither
+torch nor the plugin.
 """
 
 from __future__ import annotations
@@ -9,59 +11,108 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = [
+    "FAULTS",
+    "PARITY_CHECKS",
+    "ArmParity",
     "ArmRecord",
+    "ArtifactExistsError",
+    "AssertionFailure",
     "CrashConsistencyError",
     "CrashMatrix",
+    "FailedCheck",
+    "Fault",
     "FaultNotRejected",
+    "FaultRejection",
+    "KillAt",
     "LaunchError",
     "LoraQwen",
     "ParityError",
     "ParityRefused",
     "ParityResult",
     "RankEnvError",
+    "RecipeIdentity",
+    "ResumeError",
+    "ResumeResult",
     "SpriteError",
     "SpriteUsageError",
+    "SubworldError",
+    "SubworldResult",
     "World",
     "assert_crash_consistent",
     "assert_parity",
+    "assert_resume_bitexact",
     "collected",
+    "data_parallel_mesh",
     "expect_fault_rejected",
     "judge_crash_matrix",
     "load_arm_record",
+    "run_subworld",
+    "tensor_digest",
 ]
 
 _LAZY = {
+    "ArmParity": "pytest_sprite.assertions.parity",
     "ArmRecord": "pytest_sprite.records",
+    "ArtifactExistsError": "pytest_sprite.recipes.artifacts",
+    "AssertionFailure": "pytest_sprite.assertions._evidence",
     "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
     "CrashMatrix": "pytest_sprite.assertions.crash_consistency",
+    "FAULTS": "pytest_sprite.faults",
+    "FailedCheck": "pytest_sprite.assertions._evidence",
+    "Fault": "pytest_sprite.faults",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
+    "FaultRejection": "pytest_sprite.assertions.faults",
+    "KillAt": "pytest_sprite.subworld",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
+    "PARITY_CHECKS": "pytest_sprite.assertions.parity",
     "ParityError": "pytest_sprite.assertions.parity",
     "ParityRefused": "pytest_sprite.assertions.parity",
     "ParityResult": "pytest_sprite.assertions.parity",
     "RankEnvError": "pytest_sprite.errors",
+    "RecipeIdentity": "pytest_sprite.records",
+    "ResumeError": "pytest_sprite.assertions.resume",
+    "ResumeResult": "pytest_sprite.assertions.resume",
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
+    "SubworldError": "pytest_sprite.subworld",
+    "SubworldResult": "pytest_sprite.subworld",
     "World": "pytest_sprite.world",
     "assert_crash_consistent": "pytest_sprite.chaos.api",
     "assert_parity": "pytest_sprite.assertions.parity",
+    "assert_resume_bitexact": "pytest_sprite.assertions.resume",
     "collected": "pytest_sprite._collected",
+    "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
     "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
+    "run_subworld": "pytest_sprite.subworld",
+    "tensor_digest": "pytest_sprite.records",
 }
+"""Where each public name lives; its module is imported on first access."""
 
 if TYPE_CHECKING:
     from ._collected import collected
+    from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.crash_consistency import CrashConsistencyError, CrashMatrix, judge_crash_matrix
-    from .assertions.faults import FaultNotRejected, expect_fault_rejected
-    from .assertions.parity import ParityError, ParityRefused, ParityResult, assert_parity
+    from .assertions.faults import FaultNotRejected, FaultRejection, expect_fault_rejected
+    from .assertions.parity import (
+        PARITY_CHECKS,
+        ArmParity,
+        ParityError,
+        ParityRefused,
+        ParityResult,
+        assert_parity,
+    )
+    from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
     from .chaos.api import assert_crash_consistent
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
-    from .recipes.artifacts import load_arm_record
+    from .faults import FAULTS, Fault
+    from .recipes.artifacts import ArtifactExistsError, load_arm_record
     from .recipes.lora_qwen import LoraQwen
-    from .records import ArmRecord
+    from .recipes.mesh import data_parallel_mesh
+    from .records import ArmRecord, RecipeIdentity, tensor_digest
+    from .subworld import KillAt, SubworldError, SubworldResult, run_subworld
     from .world import World
 
 

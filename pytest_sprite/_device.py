@@ -1,4 +1,8 @@
-"""Which device and process-group backend a rank uses; shared by test children and worlds of one."""
+"""Which device and process-group backend a rank uses: the one chooser for children, meshes and strategies.
+
+Stdlib only at import (torch is imported inside the functions), so the plugin, the recipes and the
+code under test (``pytest_sprite.lightning``) can all read it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,33 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEVICE_CHOICES", "select_device"]
+__all__ = ["BACKENDS", "DEVICE_CHOICES", "accelerator_type", "default_backend", "select_device"]
 
 DEVICE_CHOICES: Final = ("auto", "cpu", "cuda", "xpu")
+"""``--sprite-device`` values; ``auto`` is XPU if present, else CUDA, else CPU."""
+
+BACKENDS: Final = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
+"""The process-group backend of each device type when every rank has a device of its own."""
+
+_ACCELERATORS: Final = ("xpu", "cuda")
+"""Accelerator types in the order the design prefers them."""
+
+
+def _usable(kind: str) -> bool:
+    import torch
+
+    module = getattr(torch, kind, None)
+    return module is not None and bool(module.is_available())
+
+
+def accelerator_type() -> str:
+    """``xpu`` when an XPU is usable, else ``cuda``, else ``cpu``: the order the design prescribes."""
+    return next((kind for kind in _ACCELERATORS if _usable(kind)), "cpu")
+
+
+def default_backend(device_type: str) -> str | None:
+    """The backend for ``device_type`` (gloo, nccl, xccl), or None for a type without one."""
+    return BACKENDS.get(device_type)
 
 
 def select_device(
@@ -25,19 +53,19 @@ def select_device(
 
     if preference not in DEVICE_CHOICES:
         raise ValueError(f"--sprite-device={preference!r}: valid values are {', '.join(DEVICE_CHOICES)}")
-    for kind, backend in (("xpu", "xccl"), ("cuda", "nccl")):
+    for kind in _ACCELERATORS:
         if preference not in ("auto", kind):
             continue
-        module = getattr(torch, kind, None)
-        if module is None or not module.is_available():
+        if not _usable(kind):
             if preference == kind:
                 raise RuntimeError(
                     f"--sprite-device={kind} was asked for, but torch.{kind}.is_available() is False"
                 )
             continue
+        module = getattr(torch, kind)
         count = module.device_count()
         device = torch.device(kind, local_rank % count)
         if bind:
             module.set_device(device)
-        return device, backend if count >= local_size else "gloo"
-    return torch.device("cpu"), "gloo"
+        return device, BACKENDS[kind] if count >= local_size else "gloo"
+    return torch.device("cpu"), BACKENDS["cpu"]

@@ -1,6 +1,7 @@
 """The ``ranks`` marker: parsing, validation and the per-item settings it implies.
 
-Pure functions over marker arguments, unit-tested without pytest sessions.
+Pure functions over marker arguments, unit-tested without pytest sessions; each test's marker is
+parsed once at collection and its spec kept in the item's stash (``ranks_spec_key``).
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pytest
+
 from .errors import SpriteUsageError
 
 __all__ = [
     "PARAM_NAME",
     "RanksSpec",
+    "item_ranks_spec",
     "parse_positive_int",
     "parse_ranks_marker",
     "parse_timeout",
+    "ranks_spec_key",
+    "remember_ranks_spec",
 ]
 
 PARAM_NAME: Final = "_sprite_world_size"
@@ -38,6 +44,42 @@ class RanksSpec:
     """True for the list form, which makes one test per world size."""
     timeout: float | None
     """The marker's ``timeout=`` in seconds, None when not given."""
+
+
+ranks_spec_key: Final = pytest.StashKey[RanksSpec]()
+"""An item's parsed ``ranks`` marker (absent: an ordinary test), set by :func:`item_ranks_spec`."""
+_by_definition_key: Final = pytest.StashKey[dict[str, RanksSpec]]()
+"""Specs parsed while generating tests, by the function definition's node id."""
+
+
+def remember_ranks_spec(metafunc: pytest.Metafunc) -> RanksSpec | None:
+    """Parse the marker of the function being generated, once; its items find the spec by :func:`item_ranks_spec`."""
+    definition = metafunc.definition
+    mark = definition.get_closest_marker("ranks")
+    if mark is None:
+        return None
+    spec = parse_ranks_marker(mark.args, dict(mark.kwargs), definition.nodeid)
+    metafunc.config.stash.setdefault(_by_definition_key, {})[definition.nodeid] = spec
+    return spec
+
+
+def item_ranks_spec(item: pytest.Item) -> RanksSpec | None:
+    """The item's ranks spec: the one parsed when its function was generated, kept in ``item.stash``.
+
+    A marker that reached the item only later (another plugin's ``add_marker``) is parsed here, once.
+    """
+    if ranks_spec_key in item.stash:
+        return item.stash[ranks_spec_key]
+    parent = item.parent.nodeid if item.parent is not None else ""
+    name = getattr(item, "originalname", item.name)
+    spec = item.config.stash.get(_by_definition_key, {}).get(f"{parent}::{name}" if parent else name)
+    if spec is None:
+        mark = item.get_closest_marker("ranks")
+        if mark is None:
+            return None
+        spec = parse_ranks_marker(mark.args, dict(mark.kwargs), item.nodeid)
+    item.stash[ranks_spec_key] = spec
+    return spec
 
 
 def _describe(value: object) -> str:

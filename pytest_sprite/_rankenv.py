@@ -38,6 +38,7 @@ __all__ = [
     "derive_port",
     "expand_hostlist",
     "free_port",
+    "hosts_in_nodefile",
     "iter_hostlist",
     "optional_rank_env",
     "read_rank_env",
@@ -365,20 +366,33 @@ def rendezvous_host(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _first_host_in_file(path: str) -> str:
+    hosts = hosts_in_nodefile(path)
+    if not hosts:
+        raise RankEnvError(
+            f"PBS_NODEFILE={path!r} lists no host; export MASTER_ADDR=<first node> to name the rendezvous host"
+        )
+    return hosts[0]
+
+
+def hosts_in_nodefile(path: str | os.PathLike[str]) -> list[str]:
+    """The distinct hosts of a PBS node file, in order (a host repeats there once per slot).
+
+    Raises RankEnvError when the file cannot be read.
+    """
     try:
         with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                host = line.split("#", 1)[0].strip()
-                if host:
-                    return host.split()[0]
+            lines = fh.read().splitlines()
     except OSError as exc:
         raise RankEnvError(
-            f"PBS_NODEFILE={path!r} cannot be read ({exc.strerror or exc}); run inside the PBS job that set "
+            f"PBS_NODEFILE={str(path)!r} cannot be read ({exc.strerror or exc}); run inside the PBS job that set "
             f"it, or export MASTER_ADDR=<first node> to name the rendezvous host yourself"
         ) from exc
-    raise RankEnvError(
-        f"PBS_NODEFILE={path!r} lists no host; export MASTER_ADDR=<first node> to name the rendezvous host"
-    )
+    hosts: dict[str, None] = {}
+    for line in lines:
+        words = line.split("#", 1)[0].split()
+        if words:
+            hosts.setdefault(words[0], None)
+    return list(hosts)
 
 
 _BRACKET = re.compile(r"\[([^\[\]]*)\]")

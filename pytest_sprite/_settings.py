@@ -6,6 +6,7 @@ Every error names the source the bad value came from.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 from dataclasses import dataclass
@@ -17,7 +18,12 @@ from ._device import DEVICE_CHOICES
 from ._markers import parse_positive_int, parse_timeout
 from .errors import SpriteUsageError
 
-__all__ = ["OPTIONS", "Settings", "register_options", "settings_key"]
+__all__ = ["LAUNCHER_NAMES", "OPTIONS", "QWEN_PATH_ENV", "Settings", "register_options", "settings_key"]
+
+LAUNCHER_NAMES: Final = ("local", "mpiexec", "pals", "srun", "torchrun")
+"""The ``--launcher`` values; ``launch.launchers`` maps each to its module."""
+QWEN_PATH_ENV: Final = "SPRITE_QWEN_PATH"
+"""The environment variable that names real Qwen2 weights (``--qwen-path``)."""
 
 DEFAULT_TIMEOUT: Final = 300.0
 DEFAULT_GRACE: Final = 5.0
@@ -122,7 +128,7 @@ OPTIONS: Final = (
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
-        "SPRITE_QWEN_PATH",
+        QWEN_PATH_ENV,
         "Load real Qwen2 weights for lora_qwen from PATH (default: a tiny in-memory config).",
         "PATH",
     ),
@@ -137,13 +143,7 @@ def register_options(parser: pytest.Parser) -> None:
     for opt in OPTIONS:
         group.addoption(opt.flag, dest=opt.dest, default=None, metavar=opt.metavar, help=opt.help)
         parser.addini(opt.ini, help=f"{opt.help} (Environment: {opt.env}.)", default=None)
-    group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse_suppress())
-
-
-def argparse_suppress() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
+    group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse.SUPPRESS)
 
 
 def _raw(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
@@ -185,8 +185,6 @@ class Settings:
         def get(dest: str) -> tuple[Any, str] | None:
             return _raw(config, opts[dest])
 
-        from .launch.launchers import LAUNCHER_NAMES
-
         ranks = get("sprite_ranks")
         launcher = get("sprite_launcher")
         launcher_name = str(launcher[0]).strip() if launcher else "local"
@@ -203,9 +201,8 @@ class Settings:
         device = get("sprite_device")
         device_name = str(device[0]).strip() if device else "auto"
         if device_name not in DEVICE_CHOICES:
-            raise SpriteUsageError(
-                f"{device[1]}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}"
-            )  # type: ignore[index]
+            where = device[1] if device else "--device"
+            raise SpriteUsageError(f"{where}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")
         host = get("sprite_controller_host")
 
         def text(dest: str) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ._markers import PARAM_NAME, parse_ranks_marker
+from ._markers import PARAM_NAME, remember_ranks_spec
 from ._settings import Settings, register_options, settings_key
 from .errors import SpriteUsageError
 
@@ -49,24 +49,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Validate every ranks marker at collection; the list form parametrizes over world sizes."""
-    mark = metafunc.definition.get_closest_marker("ranks")
-    if mark is None:
-        return
+    """Parse and validate every ranks marker once, at collection; the list form parametrizes over world sizes."""
+    error: str | None
     try:
-        spec = parse_ranks_marker(mark.args, dict(mark.kwargs), metafunc.definition.nodeid)
+        spec = remember_ranks_spec(metafunc)
     except SpriteUsageError as exc:
         error = str(exc)
     else:
         error = None
     if error is not None:  # outside the except block: no chained traceback in the collection error
         pytest.fail(error, pytrace=False)
-    if spec.parametrized:
+    if spec is not None and spec.parametrized:
         metafunc.fixturenames.append(PARAM_NAME)
         metafunc.parametrize(PARAM_NAME, spec.sizes, ids=[f"ranks{n}" for n in spec.sizes], indirect=True)
 
 
-@pytest.fixture
-def _sprite_world_size(request: pytest.FixtureRequest) -> Any:
-    """The world size of a ``ranks([...])`` parametrized test (hidden)."""
+@pytest.fixture(name=PARAM_NAME)
+def _world_size_param(request: pytest.FixtureRequest) -> Any:
+    """The world size of a ``ranks([...])`` parametrized test (hidden; its name is PARAM_NAME)."""
     return request.param

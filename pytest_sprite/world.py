@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:
     import torch
@@ -111,7 +111,8 @@ class World:
 
         box: list[Any] = [obj if self.rank == src else None]
         dist.broadcast_object_list(box, src=src)
-        return box[0]
+        value: T = box[0]
+        return value
 
     def run_on_rank(self, rank: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn`` on one rank only while the others wait; every rank gets its return value.
@@ -135,7 +136,7 @@ class World:
             raise RuntimeError(
                 f"run_on_rank({rank}, {getattr(fn, '__name__', fn)!r}) failed there: {payload}"
             )
-        return payload
+        return cast(T, payload)
 
     def collect(self, name: str, tensor: torch.Tensor) -> None:
         """Send this rank's ``tensor`` under ``name`` to the controller, kept with the test's result.

@@ -14,8 +14,7 @@ import lightning.pytorch  # noqa: F401
 import peft  # noqa: F401
 import transformers  # noqa: F401
 
-from pytest_sprite.assertions.faults import expect_fault_rejected
-from pytest_sprite.assertions.parity import assert_parity
+from pytest_sprite import assert_parity, expect_fault_rejected
 
 pytestmark = pytest.mark.cpu
 

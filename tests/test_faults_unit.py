@@ -1,25 +1,28 @@
-"""expect_fault_rejected and the fault catalogue, on hand-made assertion failures (no processes, no torch)."""
+"""expect_fault_rejected and the fault registry, on hand-made assertion failures (no processes, no torch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
-from pytest_sprite.assertions.faults import (
+from pytest_sprite import (
     FAULTS,
+    PARITY_CHECKS,
+    AssertionFailure,
+    FailedCheck,
     FaultNotRejected,
     FaultRejection,
+    SpriteUsageError,
     expect_fault_rejected,
-    get_fault,
 )
-from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.assertions.resume import RESUME_CHECKS
+from pytest_sprite.faults import CLEAN, Planter, PlantSite, get_fault, plant
 
 pytestmark = pytest.mark.cpu
 
 KNOWN = (
-    "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update, "
-    "dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
+    "missing-rank, wrong-scale, accumulate-sum, dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
 )
+RESERVED = ("fp32-backbone", "local-adapter", "scale-grad", "skip-update")
 
 
 def failure(*checks: tuple[str, str, str | None]) -> AssertionFailure:
@@ -122,7 +125,8 @@ def test_unknown_check_in_by_lists_the_known_checks() -> None:
         expect_fault_rejected("missing-rank", by="gradients")
     assert str(exc.value) == (
         "expect_fault_rejected('missing-rank', by='gradients'): unknown check 'gradients'; known checks: "
-        "initial, rows, pre_norm, post_norm, update, frozen, synchronized"
+        "initial, rows, pre_norm, post_norm, update, frozen, synchronized, trainables, optimizer_state, "
+        "param_groups, lr_scheduler, loop, first_loss, lr"
     )
 
 
@@ -132,11 +136,48 @@ def test_evidence_is_only_available_after_a_rejection() -> None:
         guard.evidence  # noqa: B018
 
 
-def test_catalogue_names_every_seed_fault() -> None:
+def test_registry_names_every_seed_fault() -> None:
     assert ", ".join(FAULTS) == KNOWN
-    planted = {n for n, f in FAULTS.items() if f.applied_by == "lora_qwen.run"}
-    assert planted == {"missing-rank", "wrong-scale", "accumulate-sum"}
     assert FAULTS["missing-rank"].arms == ("ddp", "fsdp")
+    for name in RESERVED:
+        with pytest.raises(SpriteUsageError) as exc:
+            get_fault(name)
+        assert str(exc.value).startswith(f"fault {name!r} is reserved for the ")
+        assert str(exc.value).endswith(f"and not planted by this version; faults it plants: {KNOWN}")
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_every_registered_fault_has_a_planter_and_known_checks(name: str) -> None:
+    fault = FAULTS[name]
+    assert fault.name == name and fault.description and fault.arms
+    assert isinstance(fault.planter, Planter) and fault.planter is not CLEAN
+    assert fault.planter.hooks(), f"{name}'s planter overrides no hook, so planting it changes nothing"
+    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(RESUME_CHECKS)
+    assert CLEAN.hooks() == ()
+
+
+def test_a_fault_planted_on_an_arm_it_is_not_for_names_the_valid_arms() -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        plant("wrong-scale", PlantSite(arm="single", rank=0, world_size=1, accumulate=1))
+    assert str(exc.value) == (
+        "fault 'wrong-scale' applies to arms ddp, fsdp, not 'single'; the reference arm always runs clean"
+    )
+    with pytest.raises(SpriteUsageError) as exc:
+        plant("missing-rank", PlantSite(arm="ref32", rank=0, world_size=2, accumulate=1))
+    assert str(exc.value) == "fault 'missing-rank' applies to arms ddp, fsdp, not 'ref32'"
+    assert plant(None, PlantSite(arm="single", rank=0, world_size=1, accumulate=1)) is CLEAN
+
+
+def test_by_defaults_to_the_registry_checks() -> None:
+    with pytest.raises(FaultNotRejected) as exc:
+        with expect_fault_rejected("missing-rank"):
+            raise failure(("ddp (fault missing-rank)", "update", "missing-rank"))
+    assert str(exc.value).startswith(
+        "fault 'missing-rank' was rejected by update, but by= requires pre_norm among them.\n\nTABLE"
+    )
+    with expect_fault_rejected("missing-rank", by="update") as rejection:
+        raise failure(("ddp (fault missing-rank)", "update", "missing-rank"))
+    assert rejection.evidence.checks == ("update",)
 
 
 def test_importing_the_assertions_and_recipes_loads_no_torch() -> None:
@@ -145,7 +186,8 @@ def test_importing_the_assertions_and_recipes_loads_no_torch() -> None:
 
     code = (
         "import sys\n"
-        "import pytest_sprite.assertions, pytest_sprite.recipes, pytest_sprite.recipes.fixtures\n"
+        "import pytest_sprite.assertions.faults, pytest_sprite.assertions.parity, pytest_sprite.faults\n"
+        "import pytest_sprite.recipes.lora_qwen, pytest_sprite.recipes.fixtures, pytest_sprite.recipes.artifacts\n"
         "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'peft') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -41,6 +41,27 @@ def test_rank_side_does_not_import_the_controller_side() -> None:
     assert out == "[]"
 
 
+def test_controller_side_does_not_import_the_rank_side() -> None:
+    """Only the local launcher's forked agent reaches pytest_sprite.rank; the controller never imports it."""
+    out = python(
+        "import sys, pytest_sprite.plugin, pytest_sprite.launch.controller, pytest_sprite.launch.pool,"
+        " pytest_sprite.launch.merge, pytest_sprite.launch.launchers.local;"
+        "from pytest_sprite.launch.launchers import LAUNCHER_NAMES, get_launcher;"
+        "[get_launcher(name) for name in LAUNCHER_NAMES];"
+        "print(sorted(m for m in sys.modules if m.startswith('pytest_sprite.rank')))"
+    )
+    assert out == "[]"
+
+
+def test_the_protocol_module_imports_only_the_standard_library() -> None:
+    out = python(
+        "import sys; before = set(sys.modules); import pytest_sprite.protocol;"
+        "new = set(sys.modules) - before - {'pytest_sprite', 'pytest_sprite.protocol'};"
+        "print(sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names))"
+    )
+    assert out == "[]"
+
+
 def test_a_collect_only_session_starts_no_agents(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
@@ -54,3 +75,27 @@ def test_a_collect_only_session_starts_no_agents(pytester: pytest.Pytester) -> N
     result = pytester.runpytest_subprocess("--co", "-q", timeout=120)
     result.stdout.fnmatch_lines(["*test_x*", "*1 test collected*"])
     assert result.ret == 0
+
+
+def test_a_local_ranks_session_leaves_the_rank_side_out_of_the_controller(pytester: pytest.Pytester) -> None:
+    """The agents fork from the controller and import the rank side there; the controller itself never does."""
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_sessionfinish(session):
+            loaded = sorted(m for m in sys.modules if m.startswith("pytest_sprite.rank"))
+            print(f"controller-rank-modules={loaded}")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_x(world):
+            assert world.size == 2
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=300)
+    result.stdout.fnmatch_lines(["*controller-rank-modules=[[][]]*", "*1 passed*"])

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite._rankenv import LAUNCHER_VARIABLES
+from pytest_sprite._rankenv import LAUNCHER_VARIABLES, hosts_in_nodefile
 from pytest_sprite.errors import LaunchError
 from pytest_sprite.launch.launchers import get_launcher
 from pytest_sprite.launch.launchers._command import (
     has_option,
-    nodes_in_nodefile,
     unset_foreign_rank_variables,
 )
 from pytest_sprite.launch.launchers.base import LaunchRequest
@@ -187,7 +186,7 @@ def test_pals_user_binding_and_ppn_win() -> None:
 def test_pals_default_ppn_from_the_pbs_node_file(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("x1000c0s0b0n0\n" * 12 + "x1000c0s1b0n0\n" * 12)
-    assert nodes_in_nodefile(nodefile) == 2
+    assert hosts_in_nodefile(nodefile) == ["x1000c0s0b0n0", "x1000c0s1b0n0"]
     assert default_ppn(24, {"PBS_NODEFILE": str(nodefile)}) == 12
     assert default_ppn(13, {"PBS_NODEFILE": str(nodefile)}) == 7
     assert default_ppn(4, {}) == 4
@@ -313,3 +312,12 @@ def test_launch_writes_the_command_to_the_log_and_keeps_the_token_off_it(tmp_pat
     lines = (tmp_path / "launch.log").read_text().splitlines()
     assert lines == ["+ env sh -c 'echo \"token=$SPRITE_TOKEN\"'", "token=tok-123"]
     assert os.environ.get("SPRITE_TOKEN") != "tok-123"
+
+
+def test_every_launcher_name_the_settings_accept_has_a_module() -> None:
+    from pytest_sprite._settings import LAUNCHER_NAMES
+    from pytest_sprite.launch.launchers import _REGISTRY
+
+    assert tuple(_REGISTRY) == LAUNCHER_NAMES
+    for name in LAUNCHER_NAMES:
+        assert get_launcher(name).name == name

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_sprite.launch.merge import RankEnd, fold_ranks, merge_rank_reports, phase_in_progress
+from pytest_sprite._ranges import fold_ranks
+from pytest_sprite.launch.merge import RankEnd, merge_rank_reports, phase_in_progress
 
 pytestmark = pytest.mark.cpu
 

@@ -22,8 +22,7 @@ import torch.distributed as dist
 import transformers  # noqa: F401
 from torch.nn.parallel import DistributedDataParallel
 
-from pytest_sprite.assertions.faults import expect_fault_rejected
-from pytest_sprite.assertions.parity import ParityError, assert_parity
+from pytest_sprite import ParityError, assert_parity, expect_fault_rejected
 from pytest_sprite.lightning import XPUDDPStrategy
 
 pytestmark = pytest.mark.cpu

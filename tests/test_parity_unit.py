@@ -11,14 +11,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_sprite.assertions._tables import format_figure, format_limit, render_table  # noqa: E402
-from pytest_sprite.assertions.parity import (  # noqa: E402
+from pytest_sprite import (  # noqa: E402
+    ArmRecord,
     ParityError,
     ParityRefused,
     ParityResult,
+    RecipeIdentity,
     assert_parity,
+    tensor_digest,
 )
-from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest  # noqa: E402
+from pytest_sprite.assertions._tables import format_figure, format_limit, render_table  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

@@ -3,8 +3,10 @@ real weights through --qwen-path, artifacts, run() argument errors, and the xpu_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_sprite.assertions.parity import assert_parity
-from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes._arm import loss_factor, shard_batches
+from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
+from pytest_sprite.faults import FAULTS, Fault, Planter, PlantSite, plant
+from pytest_sprite.recipes._arm import shard_batches
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
-from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
-from pytest_sprite.recipes.lora_qwen import TINY_QWEN2, LoraQwen
+from pytest_sprite.recipes.artifacts import ArtifactDir
+from pytest_sprite.recipes.constants import TINY_QWEN2
 
 pytestmark = pytest.mark.cpu
 
@@ -102,11 +104,63 @@ def test_shard_batches_refuses_a_rank_outside_the_replicas() -> None:
         shard_batches(total_rows=8, num_replicas=2, rank=2, micro_batch=2)
 
 
+def loss_factor(fault: str | None, *, rank: int, world_size: int, accumulate: int) -> float:
+    """What the planter a ddp arm gets for ``fault`` does to a loss of 1 on this rank."""
+    site = PlantSite(arm="ddp", rank=rank, world_size=world_size, accumulate=accumulate)
+    return float(plant(fault, site).loss(torch.tensor(1.0), site))
+
+
 def test_loss_faults_scale_the_loss_as_catalogued() -> None:
     assert loss_factor(None, rank=3, world_size=4, accumulate=1) == 1.0
     assert [loss_factor("missing-rank", rank=r, world_size=4, accumulate=1) for r in range(4)] == [1, 1, 1, 0]
     assert loss_factor("wrong-scale", rank=0, world_size=4, accumulate=1) == 4.0
     assert loss_factor("accumulate-sum", rank=0, world_size=4, accumulate=2) == 2.0
+
+
+class _EveryHook(Planter):
+    """A planter that acts at every hook an arm calls, to prove the arm calls each at its point."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+
+    def _count(self, hook: str) -> None:
+        self.calls[hook] = self.calls.get(hook, 0) + 1
+
+    def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        self._count("forward_context")
+        return contextlib.nullcontext()
+
+    def loss(self, loss: torch.Tensor, site: PlantSite) -> torch.Tensor:
+        self._count("loss")
+        return loss
+
+    def gradients(self, named_parameters: Sequence[tuple[str, torch.nn.Parameter]], site: PlantSite) -> None:
+        self._count("gradients")
+        for _, p in named_parameters:
+            assert p.grad is not None
+            p.grad.mul_(2.0)
+
+    def skip_step(self, step: int, steps: int, site: PlantSite) -> bool:
+        self._count("skip_step")
+        return True
+
+
+def test_the_arm_calls_every_planter_hook_at_its_point(
+    lora_qwen: LoraQwen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planter = _EveryHook()
+    fault = Fault(name="every-hook", description="test", arms=("single",), by=("pre_norm",), planter=planter)
+    monkeypatch.setitem(FAULTS, fault.name, fault)
+    clean = lora_qwen.run("single", steps=2, accumulate=2)
+    planted = lora_qwen.run("single", steps=2, accumulate=2, fault=fault.name)
+    # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step.
+    assert planter.calls == {"forward_context": 4, "loss": 4, "gradients": 2, "skip_step": 2}
+    # Gradients doubled before the pre-clip norm is taken; every update skipped, so weights never move.
+    assert planted.pre_clip_norms[0][0] == pytest.approx(2 * clean.pre_clip_norms[0][0], rel=1e-6)
+    assert all(
+        torch.equal(planted.initial_trainable[n], planted.final_trainable[n]) for n in planted.trainable_names
+    )
+    assert planted.label == "single (accumulate 2, fault every-hook)"
 
 
 def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
@@ -141,7 +195,9 @@ def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
         (
             "ddp",
             {"fault": "skip-update"},
-            "fault 'skip-update' is catalogued but lora_qwen.run does not plant it",
+            "fault 'skip-update' is reserved for the BF16 criterion v2 and not planted by this version; "
+            "faults it plants: missing-rank, wrong-scale, accumulate-sum, dropped-optimizer-state, "
+            "reset-lr-scheduler, perturbed-weight",
         ),
         (
             "ddp",

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import transformers  # noqa: F401
 
-from pytest_sprite.recipes import ArtifactDir, LoraQwen, load_arm_record, tensor_digest
+from pytest_sprite import LoraQwen, load_arm_record, tensor_digest
+from pytest_sprite.recipes.artifacts import ArtifactDir
 
 pytestmark = pytest.mark.cpu
 

@@ -7,7 +7,6 @@ reads only this, so later assertions (criterion v2, resume) plug in by raising t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,12 +38,3 @@ class AssertionFailure(AssertionError):
         super().__init__(message)
         self.failed = failed
         self.result = result
-
-    def checks_by_fault(self) -> Mapping[str | None, tuple[str, ...]]:
-        """Failed check names grouped by the fault of the arm that failed them."""
-        grouped: dict[str | None, list[str]] = {}
-        for f in self.failed:
-            names = grouped.setdefault(f.fault, [])
-            if f.check not in names:
-                names.append(f.check)
-        return {k: tuple(v) for k, v in grouped.items()}

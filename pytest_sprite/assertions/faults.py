@@ -1,8 +1,9 @@
-"""The fault catalogue and ``expect_fault_rejected``: proof that an assertion catches a planted bug.
+"""``expect_fault_rejected``: proof that an assertion catches a planted bug, judged by the fault registry.
 
 A negative control only counts when the assertion fails *because of* the fault: the failing checks must
 sit on arms that carry it, and no clean arm may fail in the same assertion (then the failure could have
-any cause). A block that passes, or fails for an unrelated reason, fails the test instead.
+any cause), and the checks the registry (``pytest_sprite.faults``) lists for the fault, or ``by=``, must be
+among the failed ones. A block that passes, or fails for an unrelated reason, fails the test instead.
 """
 
 from __future__ import annotations
@@ -14,107 +15,11 @@ from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.parity import PARITY_CHECKS
+from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import get_fault
 
-__all__ = [
-    "FAULTS",
-    "Fault",
-    "FaultNotRejected",
-    "FaultRejection",
-    "expect_fault_rejected",
-    "get_fault",
-]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Fault:
-    """One catalogued fault: what it breaks, where it applies and which checks are expected to see it."""
-
-    name: str
-    """Catalogue name, as passed to ``run(fault=...)`` and ``expect_fault_rejected``."""
-    description: str
-    """What the fault does to the training step."""
-    arms: tuple[str, ...]
-    """Arms (or assertion roles) the fault applies to."""
-    applied_by: str | None
-    """What plants it (``lora_qwen.run``), or None while only the name is reserved for a later assertion."""
-
-
-FAULTS: dict[str, Fault] = {
-    f.name: f
-    for f in (
-        Fault(
-            name="missing-rank",
-            description="the last rank's loss is multiplied by 0, so its gradient never reaches the average",
-            arms=("ddp", "fsdp"),
-            applied_by="lora_qwen.run",
-        ),
-        Fault(
-            name="wrong-scale",
-            description="every rank's loss is multiplied by N (the world size), so gradients are summed, not averaged",
-            arms=("ddp", "fsdp"),
-            applied_by="lora_qwen.run",
-        ),
-        Fault(
-            name="accumulate-sum",
-            description=(
-                "gradient accumulation skips the division by the k micro-batches, so the step uses k times the mean"
-            ),
-            arms=("ddp", "fsdp"),
-            applied_by="lora_qwen.run",
-        ),
-        Fault(
-            name="fp32-backbone",
-            description="the backbone forward runs without autocast (BF16 criterion v2)",
-            arms=("ddp",),
-            applied_by=None,
-        ),
-        Fault(
-            name="local-adapter",
-            description="one LoRA tensor keeps its local, unsynchronized gradient (BF16 criterion v2)",
-            arms=("ddp",),
-            applied_by=None,
-        ),
-        Fault(
-            name="scale-grad",
-            description="gradients are multiplied by N after synchronization (BF16 criterion v2)",
-            arms=("ddp",),
-            applied_by=None,
-        ),
-        Fault(
-            name="skip-update",
-            description="ranks other than 0 skip the last update (BF16 criterion v2)",
-            arms=("ddp",),
-            applied_by=None,
-        ),
-        Fault(
-            name="dropped-optimizer-state",
-            description="the optimizer state is dropped after a checkpoint restore (resume check)",
-            arms=("resume",),
-            applied_by=None,
-        ),
-        Fault(
-            name="reset-lr-scheduler",
-            description="the LR scheduler restarts from step 0 after a restore (resume check)",
-            arms=("resume",),
-            applied_by=None,
-        ),
-        Fault(
-            name="perturbed-weight",
-            description="a trainable weight is perturbed after a restore (resume check)",
-            arms=("resume",),
-            applied_by=None,
-        ),
-    )
-}
-"""Every fault pytest-sprite knows, by name."""
-
-
-def get_fault(name: object) -> Fault:
-    """The catalogue entry for ``name``; an unknown name raises listing the known ones."""
-    if not isinstance(name, str) or name not in FAULTS:
-        raise SpriteUsageError(f"unknown fault {name!r}; known faults: {', '.join(FAULTS)}")
-    return FAULTS[name]
+__all__ = ["FaultNotRejected", "FaultRejection", "expect_fault_rejected"]
 
 
 class FaultNotRejected(AssertionError):
@@ -150,19 +55,24 @@ class FaultRejection:
 class expect_fault_rejected:
     """Context manager: the block must fail an assertion because of ``fault``; ``by`` names required checks.
 
+    ``by=None`` requires the checks the registry lists for the fault (``pytest_sprite.faults.FAULTS``).
+
     ``with expect_fault_rejected("missing-rank") as rejection: assert_parity(ref, faulted_arm)``.
     After the block, ``rejection.evidence`` holds the :class:`FaultRejection`. A block that passes fails
     with "fault X was not rejected"; an exception that is not an assertion failure propagates unchanged.
     """
 
     def __init__(self, fault: str, by: str | Iterable[str] | None = None) -> None:
-        self.fault = get_fault(fault).name
-        required = (by,) if isinstance(by, str) else tuple(by) if by is not None else ()
-        unknown = [c for c in required if c not in PARITY_CHECKS]
+        entry = get_fault(fault)
+        self.fault = entry.name
+        self.description = entry.description
+        required = (by,) if isinstance(by, str) else tuple(by) if by is not None else entry.by
+        known = (*PARITY_CHECKS, *(c for c in RESUME_CHECKS if c not in PARITY_CHECKS))
+        unknown = [c for c in required if c not in known]
         if unknown:
             raise SpriteUsageError(
                 f"expect_fault_rejected({fault!r}, by={by!r}): unknown check {', '.join(map(repr, unknown))}; "
-                f"known checks: {', '.join(PARITY_CHECKS)}"
+                f"known checks: {', '.join(known)}"
             )
         self.by = required
         self._evidence: FaultRejection | None = None
@@ -188,7 +98,7 @@ class expect_fault_rejected:
         if exc is None:
             raise FaultNotRejected(
                 f"fault {self.fault!r} was not rejected: the block passed. "
-                f"The assertion did not notice that {FAULTS[self.fault].description}."
+                f"The assertion did not notice that {self.description}."
             )
         if not isinstance(exc, AssertionError):
             return False

@@ -1,35 +1,39 @@
-"""Controller: the pytest process the user started.
+"""Controller: the pytest plugin of the process the user started, and its one event loop.
 
-It starts the rank agents once per session (lazily, at the first ranks test), sends each ranks
-test to agents 0..n-1, consumes their events from one queue, enforces the timeout and the grace
-period after a failed rank, and logs one merged result per phase. Reader threads only enqueue.
+It starts the agent pool once per session (lazily, at the first ranks test), sends each ranks test
+to agents 0..n-1, consumes their events from the pool's queue (the only consumer), enforces the
+timeout and the grace period after a failed rank, and logs one merged result per phase.
 """
 
 from __future__ import annotations
 
 import queue
-import secrets
-import shutil
-import socket
-import sys
-import tempfile
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _pytest.reports import TestReport
 
 from .._collected import store_collected
-from .._markers import PARAM_NAME, RanksSpec, parse_ranks_marker
+from .._markers import PARAM_NAME, item_ranks_spec, ranks_spec_key
+from .._pytest_internals import teardown_controller_state
+from .._ranges import fold_ranks
 from .._settings import Settings
 from .._timing import monotonic
-from .._wire import AGENT_EVENTS, recv_frame, send_frame
 from ..errors import LaunchError, SpriteUsageError
-from .launchers import get_launcher
-from .launchers.base import LaunchHandle, LaunchRequest
-from .merge import RankEnd, fold_ranks, merge_rank_reports
+from ..protocol import (
+    AGENT_EVENTS,
+    AgentError,
+    AgentLost,
+    ChildExited,
+    Collected,
+    Interrupted,
+    Output,
+    Report,
+    RunSpec,
+)
+from .merge import RankEnd, merge_rank_reports
+from .pool import AgentPool
 
 __all__ = ["Controller", "item_world_size", "world_size_key"]
 
@@ -39,252 +43,13 @@ beyond_world_key = pytest.StashKey[str]()
 """Set when the item needs more ranks than the world: the skip reason."""
 
 
-def ranks_spec(node: Any) -> RanksSpec | None:
-    """The validated ``ranks`` marker of a test function or item, None without one."""
-    mark = node.get_closest_marker("ranks")
-    if mark is None:
-        return None
-    return parse_ranks_marker(
-        mark.args, dict(mark.kwargs), getattr(node, "nodeid", getattr(node, "name", "?"))
-    )
-
-
 def item_world_size(item: pytest.Item) -> int | None:
     """How many ranks ``item`` runs on, or None for an ordinary test."""
     callspec = getattr(item, "callspec", None)
     if callspec is not None and PARAM_NAME in callspec.params:
         return int(callspec.params[PARAM_NAME])
-    spec = ranks_spec(item)
+    spec = item_ranks_spec(item)
     return spec.sizes[0] if spec is not None else None
-
-
-@dataclass
-class _Agent:
-    rank: int
-    sock: socket.socket
-    host: str
-    local_rank: int
-    """The launcher's local rank for this agent: the device index its children use."""
-    node: tuple[str, int | None]
-    """Which node the agent is on: its host, and the launcher's node id where it gives one."""
-    pid: int
-
-
-class AgentPool:
-    """The W rank agents of one launch, their sockets, and the one event queue."""
-
-    def __init__(
-        self, config: pytest.Config, settings: Settings, world_size: int, items: dict[str, pytest.Item]
-    ) -> None:
-        self.config = config
-        self.settings = settings
-        self.world_size = world_size
-        self.items = items
-        self.events: queue.Queue[tuple[int, str, dict[str, Any]]] = queue.Queue()
-        self.agents: dict[int, _Agent] = {}
-        self.broken: str | None = None
-        self.handle: LaunchHandle | None = None
-        self.tmpdir = Path(tempfile.mkdtemp(prefix="sprite-controller-"))
-        self._threads: list[threading.Thread] = []
-        self._listener: socket.socket | None = None
-
-    # -- start ------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Launch the agents and wait until every one of them has connected and said who it is."""
-        launcher = get_launcher(self.settings.launcher)
-        launcher.check()
-        spans = launcher.spans_nodes
-        bind_host = "0.0.0.0" if spans else "127.0.0.1"
-        advertised = self.settings.controller_host or (socket.gethostname() if spans else "127.0.0.1")
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((bind_host, 0))
-        listener.listen(max(16, self.world_size))
-        self._listener = listener
-        port = listener.getsockname()[1]
-        token = secrets.token_hex(16)
-        log_path = self.tmpdir / "launch.log"
-        config, items, world = self.config, self.items, self.world_size
-
-        def fork_agent(rank: int) -> Any:
-            listener.close()
-            from ..rank.main import forked_agent_main
-
-            forked_agent_main(
-                config=config,
-                items=items,
-                rank=rank,
-                world_size=world,
-                host=advertised,
-                port=port,
-                token=token,
-                log_path=log_path,
-            )
-
-        request = LaunchRequest(
-            world_size=world,
-            controller_host=advertised,
-            controller_port=port,
-            token=token,
-            agent_argv=(
-                sys.executable,
-                "-m",
-                "pytest",
-                *config.invocation_params.args,
-                f"--sprite-agent={advertised}:{port}",
-            ),
-            ppn=self.settings.ppn,
-            launcher_args=self.settings.launcher_args,
-            env={"SPRITE_TOKEN": token, "SPRITE_WORLD_SIZE": str(world)},
-            log_path=log_path,
-            cwd=Path(config.invocation_params.dir),
-            fork_agent=fork_agent,
-        )
-        self.handle = launcher.launch(request)
-        self._accept_all(token)
-
-    def _accept_all(self, token: str) -> None:
-        assert self._listener is not None and self.handle is not None
-        deadline = monotonic() + self.settings.connect_timeout
-        self._listener.settimeout(0.2)
-        while len(self.agents) < self.world_size:
-            status = self.handle.poll()
-            if status is not None and len(self.agents) < self.world_size:
-                raise LaunchError(
-                    f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
-                    f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
-                )
-            if monotonic() > deadline:
-                raise LaunchError(
-                    f"--launcher={self.settings.launcher}: only {len(self.agents)} of {self.world_size} agents connected "
-                    f"within {self.settings.connect_timeout:g}s (--connect-timeout); connected ranks: "
-                    f"{sorted(self.agents) or 'none'}. Launcher output:\n{self.handle.output_tail()}"
-                )
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            conn.settimeout(30.0)
-            hello = recv_frame(conn)
-            conn.settimeout(None)
-            if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
-                conn.close()  # not one of ours
-                continue
-            self._register(conn, hello[1])
-        for agent in self.agents.values():
-            thread = threading.Thread(
-                target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-
-    def _register(self, conn: socket.socket, hello: dict[str, Any]) -> None:
-        rank, world = int(hello["rank"]), int(hello["world_size"])
-        if world != self.world_size or not 0 <= rank < self.world_size:
-            raise LaunchError(
-                f"an agent reports rank {rank} of a world of {world}, but the controller launched {self.world_size} "
-                f"(--ranks); check the launcher's rank variables (RANK, PMI_RANK, PALS_RANKID, SLURM_PROCID)"
-            )
-        if rank in self.agents:
-            raise LaunchError(
-                f"two agents report rank {rank} (pids {self.agents[rank].pid} on {self.agents[rank].host} and "
-                f"{hello['pid']} on {hello['host']}): the launcher's rank variables are not per process"
-            )
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        node = hello.get("node")
-        self.agents[rank] = _Agent(
-            rank=rank,
-            sock=conn,
-            host=str(hello["host"]),
-            local_rank=int(hello["local_rank"]),
-            node=(str(hello["host"]), None if node is None else int(node)),
-            pid=int(hello["pid"]),
-        )
-
-    def _read_agent(self, agent: _Agent) -> None:
-        """Reader thread: enqueue every frame; never raise, never block the controller."""
-        try:
-            while True:
-                frame = recv_frame(agent.sock)
-                if frame is None:
-                    break
-                self.events.put((agent.rank, frame[0], frame[1]))
-        except OSError:
-            pass
-        self.events.put((agent.rank, "agent_lost", {}))
-
-    # -- use -------------------------------------------------------------------------------
-
-    def send(self, to: int, command: str, **payload: Any) -> None:
-        """Send a command to the agent of rank ``to``; a dead connection marks the pool broken."""
-        try:
-            send_frame(self.agents[to].sock, command, **payload)
-        except OSError as exc:
-            self.broken = f"lost the connection to rank agent {to}: {exc}"
-            self.events.put((to, "agent_lost", {}))
-
-    def placement(self, n: int) -> dict[int, dict[str, Any]]:
-        """Local rank, local size and node index of ranks 0..n-1 of a test.
-
-        The local rank is the launcher's (it picks the rank's device); ranks share a node when their
-        agents share a host and launcher node id; nodes are numbered in order of their first rank.
-        """
-        nodes: list[tuple[str, int | None]] = []
-        counts: dict[tuple[str, int | None], int] = {}
-        for rank in range(n):
-            node = self.agents[rank].node
-            if node not in nodes:
-                nodes.append(node)
-            counts[node] = counts.get(node, 0) + 1
-        return {
-            rank: {
-                "local_rank": self.agents[rank].local_rank,
-                "local_size": counts[self.agents[rank].node],
-                "node": nodes.index(self.agents[rank].node),
-            }
-            for rank in range(n)
-        }
-
-    def reserve_port(self, host: str) -> int:
-        """Ask agent 0 for a free port on its host: rank 0's child hosts the rendezvous store there."""
-        self.send(0, "reserve_port", host=host)
-        deadline = monotonic() + 30.0
-        while monotonic() < deadline:
-            try:
-                rank, event, payload = self.events.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if event == "port_reserved":
-                return int(payload["port"])
-            if event == "agent_lost":
-                self.broken = f"rank agent {rank} was lost"
-                raise LaunchError(
-                    f"rank agent {rank} was lost while reserving a rendezvous port. {self._tail()}"
-                )
-        raise LaunchError(f"rank agent 0 did not answer a port reservation within 30s. {self._tail()}")
-
-    def _tail(self) -> str:
-        return f"Launcher output:\n{self.handle.output_tail()}" if self.handle else ""
-
-    def close(self) -> None:
-        """Stop every agent and the launch; safe to call twice."""
-        for rank in list(self.agents):
-            self.send(rank, "shutdown")
-        if self.handle is not None:
-            deadline = monotonic() + 5.0
-            while self.handle.poll() is None and monotonic() < deadline:
-                try:
-                    self.events.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            self.handle.terminate(grace=2.0)
-        for agent in self.agents.values():
-            agent.sock.close()
-        if self._listener is not None:
-            self._listener.close()
-        self.agents.clear()
-        shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
 @dataclass
@@ -380,18 +145,11 @@ class Controller:
             pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
 
     def teardown_for(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
-        """Tear down the controller's own fixtures that ``nextitem`` does not share.
-
-        A ranks test runs in its children, never in the controller, but pytest's setup state here still
-        holds the module of an earlier in-process test; without this, the next module's first in-process
-        test finds it "not torn down properly".
-        """
-        if item.session.shouldfail or item.session.shouldstop:
-            nextitem = None
-        item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
+        """Tear down the controller's own fixtures that ``nextitem`` does not share (see _pytest_internals)."""
+        teardown_controller_state(item, nextitem)
 
     def _timeout_for(self, item: pytest.Item) -> tuple[float, str]:
-        spec = ranks_spec(item)
+        spec = item.stash.get(ranks_spec_key, None)
         if spec is not None and spec.timeout is not None:
             return spec.timeout, "@pytest.mark.ranks(timeout=...)"
         return self.settings.timeout, self.settings.timeout_source
@@ -421,7 +179,11 @@ class Controller:
         try:
             pool = self.ensure_pool()
             master = "127.0.0.1" if self.settings.launcher == "local" else pool.agents[0].host
-            port = pool.reserve_port(master)
+            port = pool.next_port
+            if port is None:
+                raise LaunchError(
+                    f"rank agent 0 holds no rendezvous port for the next test. {pool.output_tail()}"
+                )
         except (LaunchError, SpriteUsageError) as exc:
             message = f"pytest-sprite could not start the rank agents: {exc}"
             item.session.shouldstop = message
@@ -431,19 +193,21 @@ class Controller:
         run.started = monotonic()
         placement = pool.placement(n)
         for rank in range(n):
-            pool.send(
-                rank,
-                "run",
+            where = placement[rank]
+            spec = RunSpec(
                 run_id=run.run_id,
                 nodeid=item.nodeid,
                 rank=rank,
                 world_size=n,
+                local_rank=where.local_rank,
+                local_size=where.local_size,
+                node=where.node,
                 master_addr=master,
                 master_port=port,
                 device=self.settings.device,
                 timeout=timeout,
-                **placement[rank],
             )
+            pool.send(rank, "run", spec)
         try:
             while run.live:
                 self._step(pool, run)
@@ -466,33 +230,26 @@ class Controller:
 
     def dispatch(self, pool: AgentPool, run: _Run, rank: int, event: str, payload: dict[str, Any]) -> None:
         """Route one event to its ``on_<event>`` handler; unknown names are a protocol bug."""
-        if event != "agent_lost" and event not in AGENT_EVENTS:
-            raise ValueError(f"unknown event from rank {rank}: {event!r}")
+        if event not in AGENT_EVENTS or event == "agent_ready":
+            raise ValueError(f"unexpected event from rank {rank}: {event!r}")
+        if event == "child_exited" and rank == 0:
+            pool.next_port = payload["next_port"]  # whichever run it ends, the port is agent 0's newest
         if event != "agent_lost" and payload.get("run_id") != run.run_id:
             return  # a late event of an earlier test
         getattr(self, f"on_{event}")(pool, run, rank, payload)
 
-    def on_agent_ready(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
-        """Agents say hello only while the pool starts."""
-
-    def on_port_reserved(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
-        """Consumed by AgentPool.reserve_port; a late duplicate is ignored."""
-
-    def on_child_started(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
-        """Emitted by an agent after forking the test child."""
-
-    def on_report(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_report(self, pool: AgentPool, run: _Run, rank: int, payload: Report) -> None:
         """Emitted by a child for each phase (setup, call, teardown) as soon as it is made."""
         report = self.config.hook.pytest_report_from_serializable(config=self.config, data=payload["report"])
         run.reports.setdefault(rank, []).append(report)
         if report.failed:
             run.note_failure(rank)
 
-    def on_collected(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_collected(self, pool: AgentPool, run: _Run, rank: int, payload: Collected) -> None:
         """Emitted by a child's ``world.collect(name, tensor)``."""
         store_collected(run.item, payload["name"], rank, payload["tensor"])
 
-    def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: Output) -> None:
         """Emitted by a child under ``-s``: show what the rank printed, each line marked with its rank."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
@@ -501,17 +258,17 @@ class Controller:
         for line in payload["text"].rstrip("\n").splitlines():
             reporter.write_line(f"[rank {rank}] {line}")
 
-    def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
         run.interrupted = payload["message"]
         run.note_failure(rank)
 
-    def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:
         """Emitted by an agent that could not start the child (e.g. it did not collect the test)."""
         run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=payload["message"])
         run.note_failure(rank)
 
-    def on_child_exited(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_child_exited(self, pool: AgentPool, run: _Run, rank: int, payload: ChildExited) -> None:
         """Emitted by an agent when the child ended, on its own or by ``abort``."""
         end = RankEnd(
             rank=rank,
@@ -527,7 +284,7 @@ class Controller:
         if not (reported and reported[-1].when == "teardown"):
             run.note_failure(rank)
 
-    def on_agent_lost(self, pool: AgentPool, run: _Run, rank: int, payload: dict[str, Any]) -> None:
+    def on_agent_lost(self, pool: AgentPool, run: _Run, rank: int, payload: AgentLost) -> None:
         """Posted by a reader thread when an agent's connection closed.
 
         Only that rank ends here; the others finish or are ended after the grace period like peers of
@@ -536,7 +293,7 @@ class Controller:
         """
         pool.broken = pool.broken or f"rank agent {rank} was lost"
         if rank in run.live:
-            tail = pool.handle.output_tail() if pool.handle else ""
+            tail = pool.output_tail()
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
@@ -567,7 +324,7 @@ class Controller:
         for rank in run.live:
             if rank not in run.aborted:
                 run.aborted[rank] = monotonic()
-                pool.send(rank, "abort", run_id=run.run_id, reason=reason, detail=detail)
+                pool.send(rank, "abort", {"run_id": run.run_id, "reason": reason, "detail": detail})
 
     def merge(self, run: _Run) -> list[TestReport]:
         item = run.item

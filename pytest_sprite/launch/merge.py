@@ -16,12 +16,12 @@ from _pytest._io import TerminalWriter
 from _pytest.reports import TestReport
 
 from .._ranges import fold_ranks
+from ..protocol import EndedBy
 
 __all__ = [
     "PHASES",
     "RankEnd",
     "RankFailures",
-    "fold_ranks",
     "merge_rank_reports",
     "phase_in_progress",
 ]
@@ -39,7 +39,7 @@ class RankEnd:
     """Exit status when it exited by itself."""
     signal: int | None = None
     """Signal number when it was killed."""
-    ended_by: Literal["timeout", "peer_failed", "agent_lost", "agent_error"] | None = None
+    ended_by: EndedBy | None = None
     """Why the harness ended it (None: it ended by itself)."""
     detail: str = ""
     """Human-readable context for ``ended_by`` (timeout value, which ranks failed first)."""
@@ -188,9 +188,14 @@ def merge_rank_reports(
             by_phase[rep.when][rank] = rep
         end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
         if not (reports and reports[-1].when == "teardown"):
-            phase = phase_in_progress(reports)
-            by_phase[phase][rank] = _synthesize(
-                reports[0] if reports else None, nodeid, location, keywords, phase, describe_end(end, phase)
+            running = phase_in_progress(reports)
+            by_phase[running][rank] = _synthesize(
+                reports[0] if reports else None,
+                nodeid,
+                location,
+                keywords,
+                running,
+                describe_end(end, running),
             )
     setup = by_phase["setup"]
     if any(not rep.passed for rep in setup.values()):
@@ -268,5 +273,5 @@ def _merge_phase(
     )
     xfails = [getattr(reps[r], "wasxfail", None) for r in ranks]
     if not failed and all(x is not None for x in xfails):
-        merged.wasxfail = xfails[0]  # type: ignore[attr-defined]
+        merged.wasxfail = str(xfails[0])
     return merged

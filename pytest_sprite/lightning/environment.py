@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
 from pytest_sprite._rankenv import (
     SHARED_PORT_VARIABLES,

@@ -87,9 +87,9 @@ class XPUMixedPrecision(MixedPrecision):
                 f"precision; use 'bf16-mixed' or '16-mixed' (or their aliases 'bf16', '16', 16). "
                 f"'32-true' and 'bf16-true' need no autocast: pass them to trainer_kwargs(precision=...)."
             )
-        super().__init__(name, device=_device_type(device), scaler=scaler)  # type: ignore[arg-type]
+        super().__init__(name, device=_device_type(device), scaler=scaler)
 
-    def backward(  # type: ignore[override]
+    def backward(
         self,
         tensor: torch.Tensor,
         model: Any,

@@ -2,13 +2,13 @@
 
 The agent never touches a device. It relays its child's frames to the controller unchanged, watches
 the child's exit, and on the controller's ``abort`` takes the child's Python stacks (faulthandler on
-SIGUSR1) before killing it. Depends on nothing of the controller side.
+STACK_SIGNAL) before killing it. Agent 0 keeps the next test's rendezvous socket listening and sends
+its port with ``agent_ready`` and every ``child_exited``. Depends on nothing of the controller side.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import select
 import shutil
@@ -20,9 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._stacks import strip_harness_frames, tail_lines
+from .._output import strip_harness_frames, tail_of_file
 from .._timing import monotonic, sleep
-from .._wire import CHILD_DONE, FrameReader, recv_frame, send_frame
+from ..protocol import (
+    CHILD_DONE,
+    HEADER_SIZE,
+    STACK_SIGNAL,
+    AgentReady,
+    EndedBy,
+    FrameReader,
+    RunSpec,
+    child_exited,
+    decode_frame,
+    encode_frame,
+    recv_frame,
+    send_frame,
+)
 from .child import run_spare
 
 if TYPE_CHECKING:
@@ -30,8 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Agent", "connect_to_controller"]
 
-STACK_SIGNAL = signal.SIGUSR1
-_CHILD_DONE = b'{"event":"' + CHILD_DONE.encode() + b'"'  # the child's last frame; the agent consumes it
 _TAIL_LINES = 40
 
 
@@ -43,7 +54,7 @@ class _Child:
     run_dir: Path
     reader: FrameReader = field(default_factory=FrameReader)
     eof: bool = False
-    ended_by: str | None = None
+    ended_by: EndedBy | None = None
     detail: str = ""
     status: int | None = None
 
@@ -73,14 +84,6 @@ def connect_to_controller(host: str, port: int, timeout: float = 60.0) -> socket
             sleep(0.2)
 
 
-def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
-    try:
-        data = path.read_bytes()[-256 * 1024 :].decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return tail_lines(strip_harness_frames(data), lines)
-
-
 class Agent:
     """Serves the controller's commands for one rank until ``shutdown`` or the controller goes away."""
 
@@ -91,11 +94,14 @@ class Agent:
         items: Mapping[str, pytest.Item],
         rank: int,
         sock: socket.socket,
+        rendezvous_bind: str = "",
     ) -> None:
         self.config = config
         self.items = items
         self.rank = rank
         self.sock = sock
+        self.rendezvous_bind = rendezvous_bind
+        """Address agent 0 binds the rendezvous socket to: loopback for forked agents, all interfaces otherwise."""
         self.child: _Child | None = None
         self.reserved: socket.socket | None = None
         self.exiting: list[int] = []
@@ -103,6 +109,20 @@ class Agent:
         self._spares = 0
         """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
+
+    def say_ready(self, *, token: str, local_rank: int, world_size: int, node: int | None = None) -> None:
+        """Tell the controller who this agent is and where the launcher placed it (its first frame)."""
+        hello = AgentReady(
+            token=token,
+            rank=self.rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            node=node,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            next_port=self._reserve_port(),
+        )
+        send_frame(self.sock, "agent_ready", hello)
 
     # -- main loop ---------------------------------------------------------------------------
 
@@ -140,7 +160,7 @@ class Agent:
             if not self._handle(command, payload):
                 return False
         if self.child is not None:
-            self._reap_if_exited()
+            self._reap(block=False)
         if self.exiting:
             self._reap_exiting()
         return True
@@ -149,26 +169,30 @@ class Agent:
         handler = getattr(self, f"cmd_{command}", None)
         if handler is None:
             raise ValueError(f"unknown command from controller: {command!r}")
-        return handler(**payload) is not False
+        return handler(payload) is not False
 
     # -- commands ------------------------------------------------------------------------------
 
-    def cmd_reserve_port(self, host: str) -> None:
-        """Open the next test's rendezvous socket on this host (rank 0's child hosts the store on it).
+    def _reserve_port(self) -> int | None:
+        """Agent 0: open the next test's rendezvous socket on this host (rank 0's child hosts the store on it).
 
         The socket is already listening when the other ranks connect, so no client is refused and
-        none waits out TCPStore's reconnect backoff; the port is the test's own.
+        none waits out TCPStore's reconnect backoff; the port is the test's own. Reserved ahead, so
+        a test starts without asking for it. Other agents reserve nothing.
         """
-        if self.reserved is not None:
-            self.reserved.close()
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("" if host not in ("127.0.0.1", "localhost") else "127.0.0.1", 0))
-        listener.listen(1024)
-        self.reserved = listener
-        send_frame(self.sock, "port_reserved", rank=self.rank, port=listener.getsockname()[1])
+        if self.rank != 0:
+            return None
+        if self.reserved is None:
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind((self.rendezvous_bind, 0))
+            listener.listen(1024)
+            self.reserved = listener
+        port: int = self.reserved.getsockname()[1]
+        return port
 
-    def cmd_run(self, run_id: int, nodeid: str, **spec: Any) -> None:
-        """Fork a fresh child that runs ``nodeid`` as rank ``spec['rank']`` of ``spec['world_size']``."""
+    def cmd_run(self, spec: RunSpec) -> None:
+        """Hand ``spec['nodeid']`` to a fresh child that runs it as rank ``spec['rank']`` of ``spec['world_size']``."""
+        run_id, nodeid = spec["run_id"], spec["nodeid"]
         if self.child is not None:  # the controller waits for child_exited; a busy agent is a bug
             raise RuntimeError(f"rank {self.rank} got a new test while still running run {self.child.run_id}")
         item = self.items.get(nodeid)
@@ -176,23 +200,24 @@ class Agent:
             send_frame(
                 self.sock,
                 "agent_error",
-                run_id=run_id,
-                rank=self.rank,
-                message=f"rank agent {self.rank} did not collect {nodeid!r} (its collection differs from the controller's)",
+                {
+                    "run_id": run_id,
+                    "rank": self.rank,
+                    "message": f"rank agent {self.rank} did not collect {nodeid!r} "
+                    "(its collection differs from the controller's)",
+                },
             )
             return
         spare = self._take_spare()
         listener, self.reserved = self.reserved, None
         fds = [listener.fileno()] if listener is not None and spec["rank"] == 0 else []
-        request = json.dumps({"run_id": run_id, "nodeid": nodeid, **spec}).encode()
         try:
-            socket.send_fds(spare.control, [request], fds)
+            socket.send_fds(spare.control, [encode_frame("run", spec)], fds)
         finally:
             spare.control.close()
             if listener is not None:
                 listener.close()  # the child holds its own copy
         self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
-        send_frame(self.sock, "child_started", run_id=run_id, rank=self.rank, pid=spare.pid)
 
     # -- spare children ----------------------------------------------------------------------
 
@@ -249,12 +274,12 @@ class Agent:
             self.exiting.append(spare.pid)
         shutil.rmtree(spare.run_dir, ignore_errors=True)
 
-    def cmd_abort(self, run_id: int, reason: str, detail: str = "") -> None:
+    def cmd_abort(self, abort: dict[str, Any]) -> None:
         """Take the child's stacks, then kill it (a timeout, or a peer that failed)."""
         child = self.child
-        if child is None or child.run_id != run_id or child.ended_by is not None:
+        if child is None or child.run_id != abort["run_id"] or child.ended_by is not None:
             return
-        child.ended_by, child.detail = reason, detail
+        child.ended_by, child.detail = abort["reason"], abort["detail"]
         stacks = child.run_dir / "stacks.txt"
         try:
             os.kill(child.pid, STACK_SIGNAL)
@@ -271,7 +296,7 @@ class Agent:
             sleep(0.05)
         self._kill_child(wait=False)
 
-    def cmd_shutdown(self) -> bool:
+    def cmd_shutdown(self, _: dict[str, Any]) -> bool:
         """End the loop."""
         return False
 
@@ -291,7 +316,8 @@ class Agent:
             if not data:
                 return True
             for frame in child.reader.feed(data):
-                if frame[4:].startswith(_CHILD_DONE):
+                event, _ = decode_frame(frame[HEADER_SIZE:])
+                if event == CHILD_DONE:
                     self._release_finished_child()
                     return True
                 self.sock.sendall(frame)
@@ -303,23 +329,7 @@ class Agent:
         """
         child = self.child
         assert child is not None
-        send_frame(
-            self.sock,
-            "child_exited",
-            run_id=child.run_id,
-            rank=self.rank,
-            exitcode=0,
-            signal=None,
-            ended_by=None,
-            detail="",
-            output_tail="",
-            stacks="",
-        )
-        os.close(child.rfd)
-        shutil.rmtree(child.run_dir, ignore_errors=True)
-        self.exiting.append(child.pid)
-        self.child = None
-        self._fork_spare()
+        self._child_ended(child, exitcode=0)
 
     def _reap_exiting(self, *, block: bool = False) -> None:
         for pid in list(self.exiting):
@@ -329,9 +339,6 @@ class Agent:
                 done = pid
             if done:
                 self.exiting.remove(pid)
-
-    def _reap_if_exited(self) -> None:
-        self._reap(block=False)
 
     def _reap(self, *, block: bool) -> None:
         child = self.child
@@ -371,16 +378,13 @@ class Agent:
             ("capture-out.log", "stdout"),
             ("capture-err.log", "stderr"),
         ):
-            text = _tail(child.run_dir / name)
+            text = tail_of_file(child.run_dir / name, _TAIL_LINES, strip_harness=True)
             if text.strip():
                 tails.append(f"[{label}]\n{text}")
         stacks_file = child.run_dir / "stacks.txt"
         stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
-        send_frame(
-            self.sock,
-            "child_exited",
-            run_id=child.run_id,
-            rank=self.rank,
+        self._child_ended(
+            child,
             exitcode=exitcode,
             signal=None if child.ended_by else signum,
             ended_by=child.ended_by,
@@ -388,7 +392,17 @@ class Agent:
             output_tail="\n".join(tails),
             stacks=stacks,
         )
+
+    def _child_ended(self, child: _Child, **end: Any) -> None:
+        """Report the end of ``child`` (with the next rendezvous port), clean up, and fork the next spare."""
+        send_frame(
+            self.sock,
+            "child_exited",
+            child_exited(run_id=child.run_id, rank=self.rank, next_port=self._reserve_port(), **end),
+        )
         os.close(child.rfd)
         shutil.rmtree(child.run_dir, ignore_errors=True)
+        if child.status is None:  # reported done and still exiting: reap it later
+            self.exiting.append(child.pid)
         self.child = None
         self._fork_spare()

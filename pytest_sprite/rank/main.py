@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,36 +16,11 @@ from typing import Any, NoReturn
 
 import pytest
 
-from .._wire import send_frame
+from .._process import preimport_torch, redirect_output
 from ..errors import SpriteError
 from .agent import Agent, connect_to_controller
 
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
-
-
-def _preimport_torch() -> None:
-    """Import torch.distributed once per agent, so each forked child starts warm (no device touched)."""
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        pass
-
-
-def _hello(
-    sock: socket.socket, *, token: str, rank: int, local_rank: int, world_size: int, node: int | None = None
-) -> None:
-    """Tell the controller who this agent is: its rank and where the launcher placed it."""
-    send_frame(
-        sock,
-        "agent_ready",
-        token=token,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        node=node,
-        host=socket.gethostname(),
-        pid=os.getpid(),
-    )
 
 
 def forked_agent_main(
@@ -65,14 +39,12 @@ def forked_agent_main(
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        _preimport_torch()
+        redirect_output(log_path)
+        preimport_torch()
         sock = connect_to_controller(host, port)
-        _hello(sock, token=token, rank=rank, local_rank=rank, world_size=world_size)
-        Agent(config=config, items=items, rank=rank, sock=sock).serve()
+        agent = Agent(config=config, items=items, rank=rank, sock=sock, rendezvous_bind="127.0.0.1")
+        agent.say_ready(token=token, local_rank=rank, world_size=world_size)
+        agent.serve()
     except SpriteError as exc:
         print(f"pytest-sprite rank agent {rank}: {exc}", file=sys.stderr)
         code = 1
@@ -114,17 +86,16 @@ class AgentSessionPlugin:
         except SpriteError as exc:  # the reader's explanation, not a traceback, in the launch log's tail
             print(f"pytest-sprite rank agent: {exc}", file=sys.stderr, flush=True)
             os._exit(3)
-        _preimport_torch()
+        preimport_torch()
         sock = connect_to_controller(self.host, self.port)
-        _hello(
-            sock,
+        agent = Agent(config=self.config, items=self.items, rank=info.rank, sock=sock)
+        agent.say_ready(
             token=os.environ.get("SPRITE_TOKEN", ""),
-            rank=info.rank,
             local_rank=info.local_rank,
             world_size=info.world_size,
             node=info.node_rank,
         )
-        Agent(config=self.config, items=self.items, rank=info.rank, sock=sock).serve()
+        agent.serve()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -1,24 +1,6 @@
-"""The parity recipe (``lora_qwen``), its arm records and the data-parallel mesh.
+"""The parity recipe (``lora_qwen``), its arms, its artifacts and the data-parallel mesh.
 
-Importing this package imports no torch; the model and the Lightning fit load when an arm runs.
+Users import ``LoraQwen``, ``load_arm_record`` and friends from ``pytest_sprite`` (the one public surface).
+Importing this package imports no torch; the model and the Lightning fit load when an arm runs. It never
+imports ``pytest_sprite.assertions``: both sides meet in ``pytest_sprite.records`` and ``pytest_sprite.faults``.
 """
-
-from __future__ import annotations
-
-from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError, load_arm_record
-from pytest_sprite.recipes.lora_qwen import LoraQwen
-from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
-from pytest_sprite.records import ARMS, ArmRecord, RecipeIdentity, tensor_digest
-
-__all__ = [
-    "ARMS",
-    "DATA_PARALLEL",
-    "ArmRecord",
-    "ArtifactDir",
-    "ArtifactExistsError",
-    "LoraQwen",
-    "RecipeIdentity",
-    "data_parallel_mesh",
-    "load_arm_record",
-    "tensor_digest",
-]

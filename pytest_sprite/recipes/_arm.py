@@ -27,12 +27,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.recipes._model import LoraQwenClassifier, Rows
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest
 from pytest_sprite.world import World
 
-__all__ = ["ArmPlan", "loss_factor", "run_distributed", "run_single", "shard_batches", "with_wall_time"]
+__all__ = ["ArmPlan", "run_distributed", "run_single", "shard_batches", "with_wall_time"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,20 +78,6 @@ def shard_batches(*, total_rows: int, num_replicas: int, rank: int, micro_batch:
     return [shard[i : i + micro_batch] for i in range(0, len(shard) - micro_batch + 1, micro_batch)]
 
 
-def loss_factor(fault: str | None, *, rank: int, world_size: int, accumulate: int) -> float:
-    """The multiplier a loss-level fault puts on this rank's loss (1.0 when clean)."""
-    if fault is None:
-        return 1.0
-    if fault == "missing-rank":
-        return 0.0 if rank == world_size - 1 else 1.0
-    if fault == "wrong-scale":
-        return float(world_size)
-    if fault == "accumulate-sum":
-        # Lightning divides each micro-batch loss by k; multiplying by k undoes exactly that division.
-        return float(accumulate)
-    raise SpriteUsageError(f"fault {fault!r} is not a loss-level fault that the recipe plants")
-
-
 def _full(t: torch.Tensor) -> torch.Tensor:
     """The whole value of a possibly sharded tensor (a collective for DTensors: every rank must call it)."""
     from torch.distributed.tensor import DTensor
@@ -108,25 +95,34 @@ def _global_norm(params: list[torch.nn.Parameter]) -> float:
     sharded = [isinstance(g, DTensor) for g in grads]
     if all(sharded) or not any(sharded):
         return float(_full(torch.nn.utils.get_total_norm(grads, norm_type=2.0)).cpu())
-    total = sum(float(_full(g).pow(2).sum()) for g in grads)  # a mix: whole values tensor by tensor
-    return total**0.5
+    total: float = sum(float(_full(g).pow(2).sum()) for g in grads)  # a mix: whole values tensor by tensor
+    return float(total**0.5)
 
 
 class _RecordingSGD(torch.optim.SGD):
     """SGD that records the global gradient norm it steps with, i.e. after the strategy's clipping."""
 
-    def __init__(self, params: list[torch.nn.Parameter], *, lr: float, on_step: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        *,
+        lr: float,
+        on_step: Callable[[], None],
+        skip: Callable[[], bool],
+    ) -> None:
         super().__init__(params, lr=lr)
         self._on_step = on_step
+        self._skip = skip
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()  # Lightning's closure: forward, backward, then clipping
         self._on_step()
-        super().step()
+        if not self._skip():  # a planted fault may skip the update (the fault registry's skip_step hook)
+            super().step()
         return loss
 
 
@@ -141,7 +137,8 @@ class _ArmModule(pl.LightningModule):
         plan: ArmPlan,
         world_size: int,
         micro_batch: int,
-        factor: float,
+        planter: Planter,
+        site: PlantSite,
         shard: bool,
         mesh_factory: Callable[[], Any],
     ) -> None:
@@ -152,7 +149,8 @@ class _ArmModule(pl.LightningModule):
         self._plan = plan
         self._world_size = world_size
         self._micro_batch = micro_batch
-        self._factor = factor
+        self._planter = planter
+        self._site = site
         self._shard = shard
         self._mesh_factory = mesh_factory
 
@@ -192,6 +190,9 @@ class _ArmModule(pl.LightningModule):
             trainables,
             lr=self._plan.identity.lr,
             on_step=lambda: self.trace.post.append(_global_norm(trainables)),
+            skip=lambda: self._planter.skip_step(
+                self.trainer.global_step, self._plan.identity.steps, self._site
+            ),
         )
 
     def on_train_start(self) -> None:
@@ -206,12 +207,16 @@ class _ArmModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.trace.rows.setdefault(self.trainer.global_step, []).extend(int(i) for i in batch["row"])
-        logits = self.net(batch["input_ids"])
+        with self._planter.forward_context(self._site, self.device.type):
+            logits = self.net(batch["input_ids"])
         loss = F.cross_entropy(logits.float(), batch["labels"])
-        return loss * self._factor if self._factor != 1.0 else loss
+        return self._planter.loss(loss, self._site)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.trace.pre.append(_global_norm([p for _, p in self._trainables()]))
+        # Lightning calls this after backward (gradients synchronized) and before clipping.
+        trainables = self._trainables()
+        self._planter.gradients(trainables, self._site)
+        self.trace.pre.append(_global_norm([p for _, p in trainables]))
 
     def on_train_end(self) -> None:
         trainables = self._trainables()
@@ -293,14 +298,15 @@ def _fit(
     kwargs = _lightning_kwargs(kind, world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
-    factor = loss_factor(plan.fault, rank=world.rank, world_size=world_size, accumulate=plan.accumulate)
+    site = PlantSite(arm=plan.arm, rank=world.rank, world_size=world_size, accumulate=plan.accumulate)
     module = _ArmModule(
         net=model,
         rows=rows,
         plan=plan,
         world_size=world_size,
         micro_batch=ident.global_batch // (world_size * plan.accumulate),
-        factor=factor,
+        planter=plant(plan.fault, site),
+        site=site,
         shard=kind == "fsdp",
         mesh_factory=lambda: data_parallel_mesh(world),
     )

@@ -13,15 +13,9 @@ import peft
 import torch
 from transformers import Qwen2Config, Qwen2Model
 
+from pytest_sprite._settings import QWEN_PATH_ENV
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes.lora_qwen import (
-    LORA_B_SEED,
-    LORA_B_STD,
-    LORA_CONFIG,
-    NUM_CLASSES,
-    QWEN_PATH_ENV,
-    TINY_QWEN2,
-)
+from pytest_sprite.recipes.constants import LORA_B_SEED, LORA_B_STD, LORA_CONFIG, NUM_CLASSES, TINY_QWEN2
 
 __all__ = ["LoraQwenClassifier", "Rows", "build_lora_qwen", "make_rows"]
 
@@ -42,7 +36,8 @@ class LoraQwenClassifier(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of shape (rows, 2) from the last position (rows have no padding)."""
         hidden = self.backbone(input_ids=input_ids, use_cache=False).last_hidden_state
-        return self.head(hidden[:, -1, :])
+        logits: torch.Tensor = self.head(hidden[:, -1, :])
+        return logits
 
     @property
     def vocab_size(self) -> int:
@@ -103,7 +98,8 @@ def build_lora_qwen(
             backbone = Qwen2Model.from_pretrained(path, dtype=torch.float32, local_files_only=True)
             config = backbone.config
             where = str(path.resolve())
-        backbone = backbone.to(torch.float32)
+        # transformers wraps PreTrainedModel.to in a decorator whose type mypy reads as taking a model.
+        backbone = backbone.to(torch.float32)  # type: ignore[arg-type]
         model = LoraQwenClassifier(
             peft.get_peft_model(backbone, peft.LoraConfig(**LORA_CONFIG)), config.hidden_size
         )

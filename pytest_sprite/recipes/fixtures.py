@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
 __all__ = ["lora_qwen", "xpu_mesh"]
 
-_BACKENDS = {"cpu": "gloo", "cuda": "nccl", "xpu": "xccl"}
-
 
 def _setting(config: pytest.Config, name: str) -> Any:
     """A session setting as the plugin resolved it (command line > environment > ini)."""
@@ -55,7 +53,8 @@ def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
     XPU when present, else CUDA, else CPU (gloo). Without the ranks marker it is a one-rank mesh over a
     private in-memory process group, destroyed after the test, so nothing can wait for a peer that never comes.
     """
-    from pytest_sprite.recipes.mesh import DATA_PARALLEL, accelerator_type, data_parallel_mesh
+    from pytest_sprite._device import BACKENDS, accelerator_type
+    from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 
     if world.distributed:
         yield data_parallel_mesh(world)
@@ -69,7 +68,9 @@ def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
             "process (not created by pytest-sprite); mark the test @pytest.mark.ranks(n)"
         )
     device_type = accelerator_type()
-    dist.init_process_group(_BACKENDS[device_type], store=dist.HashStore(), rank=0, world_size=1)
+    # torch.distributed re-exports HashStore from its C extension without marking it public for type checkers.
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group(BACKENDS[device_type], store=store, rank=0, world_size=1)
     try:
         yield init_device_mesh(device_type, (1,), mesh_dim_names=(DATA_PARALLEL,))
     finally:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import copy
 import os
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity
+from pytest_sprite.faults import PlantSite, get_fault
+from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
+from pytest_sprite.records import ARMS, DISTRIBUTED_ARMS, ArmRecord, RecipeIdentity, ResumeRun
 
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
@@ -28,42 +30,7 @@ if TYPE_CHECKING:
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.world import World
 
-__all__ = ["LORA_B_SEED", "LORA_B_STD", "LORA_CONFIG", "QWEN_PATH_ENV", "TINY_QWEN2", "LoraQwen"]
-
-TINY_QWEN2: dict[str, Any] = {
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-}
-"""The in-memory default backbone: Qwen2's architecture (GQA, q/k/v bias, RMSNorm) at toy size."""
-
-LORA_CONFIG: dict[str, Any] = {
-    "r": 8,
-    "lora_alpha": 16,
-    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
-    "lora_dropout": 0.0,
-    "bias": "none",
-}
-"""The seed's adapter: r=8, alpha=16 on q/k/v/o, no dropout (dropout would make arms draw differently)."""
-
-LORA_B_SEED = 1
-"""Seed of the lora_B draw, fixed by the seed recipe independently of the run's seed."""
-LORA_B_STD = 0.01
-"""Standard deviation of the lora_B draw."""
-
-NUM_CLASSES = 2
-DEFAULT_CLIP = 0.01
-DEFAULT_LR = 1.0
-DEFAULT_STEPS = 5
-DEFAULT_SEQ_LEN = 8
-QWEN_PATH_ENV = "SPRITE_QWEN_PATH"
-"""Environment variable read when ``--qwen-path`` is not given."""
+__all__ = ["LoraQwen"]
 
 
 class LoraQwen:
@@ -171,7 +138,7 @@ class LoraQwen:
             target = self.world.run_on_rank(
                 0, self.artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault
             )
-        start = time.perf_counter()
+        start = perf_counter()
         if arm == "single":
             record = self.world.run_on_rank(
                 0,
@@ -184,12 +151,40 @@ class LoraQwen:
                 plan, model=self.build_model(), rows=rows, world=self.world, strategy=strategy
             )
         # Rank 0's wall time, so the record stays identical on every rank.
-        elapsed = self.world.broadcast_object(time.perf_counter() - start)
+        elapsed = self.world.broadcast_object(perf_counter() - start)
         record = _arm.with_wall_time(record, elapsed)
         if self.artifacts is not None and target is not None:
             self.world.run_on_rank(0, self.artifacts.write, target, record)
         self.records.append(record)
         return record
+
+    def resume_roles(
+        self,
+        *,
+        strategy: str,
+        precision: str = "32-true",
+        reshard: bool = False,
+        export: bool | None = None,
+        fault: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> ResumeRun:
+        """Every role of the checkpoint resume check, each in its own sub-world (``assert_resume_bitexact``).
+
+        The seed's Checkpoints recipe on this model and seed: AdamW, a per-step LR schedule, global-norm
+        clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks. Call it on every rank.
+        """
+        from pytest_sprite.recipes.resume import resume_roles
+
+        return resume_roles(
+            self,
+            strategy=strategy,
+            precision=precision,
+            reshard=reshard,
+            export=export,
+            fault=fault,
+            directory=directory,
+            world=self.world,
+        )
 
     def _check_run(
         self,
@@ -202,8 +197,6 @@ class LoraQwen:
         strategy: Strategy | None,
     ) -> int:
         """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
-        from pytest_sprite.assertions.faults import FAULTS, get_fault
-
         if arm not in ARMS:
             raise SpriteUsageError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
         for name, value in (("steps", steps), ("accumulate", accumulate)):
@@ -223,23 +216,8 @@ class LoraQwen:
                 f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
             )
         if fault is not None:
-            entry = get_fault(fault)
-            if entry.applied_by != "lora_qwen.run":
-                raise SpriteUsageError(
-                    f"fault {fault!r} is catalogued but lora_qwen.run does not plant it ({entry.description}); "
-                    "faults it plants: "
-                    + ", ".join(n for n, f in FAULTS.items() if f.applied_by == "lora_qwen.run")
-                )
-            if arm not in entry.arms:
-                raise SpriteUsageError(
-                    f"fault {fault!r} applies to arms {', '.join(entry.arms)}, not {arm!r}; "
-                    "the reference arm always runs clean"
-                )
-            if fault == "accumulate-sum" and accumulate < 2:
-                raise SpriteUsageError(
-                    f"fault 'accumulate-sum' needs accumulate >= 2 (got accumulate={accumulate}): "
-                    "with one micro-batch there is no division to skip"
-                )
+            site = PlantSite(arm=arm, rank=self.world.rank, world_size=ranks, accumulate=accumulate)
+            get_fault(fault).check(site)
         if arm in DISTRIBUTED_ARMS and not self.world.distributed:
             raise SpriteUsageError(
                 f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "

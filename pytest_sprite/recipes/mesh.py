@@ -1,4 +1,4 @@
-"""The data-parallel DeviceMesh over a test's ranks, on the best device present.
+"""The data-parallel DeviceMesh over a test's ranks, on the ranks' own device type.
 
 Shared by the ``xpu_mesh`` fixture and the fsdp arm (when its strategy brings no mesh of its own), so both
 shard over the same ranks with the same dimension name.
@@ -15,21 +15,10 @@ if TYPE_CHECKING:
 
     from pytest_sprite.world import World
 
-__all__ = ["DATA_PARALLEL", "accelerator_type", "data_parallel_mesh"]
+__all__ = ["DATA_PARALLEL", "data_parallel_mesh"]
 
 DATA_PARALLEL = "data_parallel"
 """Name of the mesh dimension every data-parallel arm shards over (Lightning's ModelParallelStrategy name)."""
-
-
-def accelerator_type() -> str:
-    """``xpu`` when an XPU is usable, else ``cuda``, else ``cpu``: the order the design prescribes."""
-    import torch
-
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    return "cpu"
 
 
 def data_parallel_mesh(world: World) -> DeviceMesh:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
+from ..._settings import LAUNCHER_NAMES
 from ...errors import LaunchError
 from .base import Launcher
 
@@ -18,7 +19,7 @@ _REGISTRY: Final = {
     "torchrun": "pytest_sprite.launch.launchers.torchrun:TorchrunLauncher",
 }
 
-LAUNCHER_NAMES: Final = tuple(_REGISTRY)
+"""Each of ``_settings.LAUNCHER_NAMES`` (which the settings validate) and the class that implements it."""
 
 
 def get_launcher(name: str) -> Launcher:
@@ -34,4 +35,5 @@ def get_launcher(name: str) -> Launcher:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise LaunchError(f"--launcher={name} is not available in this installation: {exc}") from exc
-    return getattr(module, cls_name)()
+    launcher: Launcher = getattr(module, cls_name)()
+    return launcher

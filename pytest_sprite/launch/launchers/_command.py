@@ -12,7 +12,6 @@ from __future__ import annotations
 import shlex
 import shutil
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from ..._rankenv import LAUNCHER_VARIABLES
 from ...errors import LaunchError
@@ -77,14 +76,3 @@ def start(argv: Sequence[str], request: LaunchRequest) -> SubprocessLaunch:
     with open(request.log_path, "a", encoding="utf-8") as log:
         log.write(f"+ {shlex.join(argv)}\n")
     return SubprocessLaunch(argv, env=request.env, log_path=request.log_path, cwd=request.cwd)
-
-
-def nodes_in_nodefile(path: str | Path) -> int | None:
-    """Number of distinct hosts in a PBS node file (hosts repeat once per slot), None if unreadable."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return None
-    hosts = {line.split("#", 1)[0].strip() for line in lines}
-    hosts.discard("")
-    return len(hosts) or None

@@ -9,14 +9,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from ..._output import tail_of_file
 from ..._timing import monotonic, sleep
 
-__all__ = ["LaunchHandle", "LaunchRequest", "Launcher", "SubprocessLaunch", "tail_of_file"]
+if TYPE_CHECKING:
+    import pytest
+
+__all__ = ["LaunchHandle", "LaunchRequest", "Launcher", "SubprocessLaunch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +47,12 @@ class LaunchRequest:
     """File that receives the launcher's own stdout and stderr."""
     cwd: Path | None = None
     """Directory the agents start in (the controller's invocation directory: test paths are relative to it)."""
-    fork_agent: Callable[[int], NoReturn] | None = None
-    """For in-process launchers: the agent main of rank r, run in a forked child; never returns."""
+    config: pytest.Config | None = None
+    """For the local launcher, whose agents are forks of the controller: the session's config."""
+    items: Mapping[str, pytest.Item] = field(default_factory=dict)
+    """For the local launcher: the collected items by node id, which forked agents already hold."""
+    close_in_agent: tuple[int, ...] = ()
+    """For the local launcher: the controller's descriptors (its listening socket) a forked agent closes first."""
 
 
 @runtime_checkable
@@ -76,19 +84,6 @@ class Launcher(Protocol):
         """Start ``request.world_size`` agents and return at once; they connect back by themselves."""
 
 
-def tail_of_file(path: Path, lines: int = 40) -> str:
-    """Last ``lines`` lines of a text file, empty if it does not exist."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            data = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
 class SubprocessLaunch:
     """A launcher command running in its own process group, output to a log file."""
 
@@ -116,7 +111,7 @@ class SubprocessLaunch:
 
     def output_tail(self, lines: int = 40) -> str:
         self._log.flush()
-        return tail_of_file(self.log_path, lines)
+        return tail_of_file(self.log_path, lines, window=64 * 1024)
 
     def terminate(self, grace: float = 5.0) -> None:
         if self.proc.poll() is None:

@@ -1,6 +1,7 @@
 """``--launcher=local``: the agents are forks of the controller, made after collection.
 
-Nothing is imported or collected twice: each agent already holds the session's items.
+Nothing is imported or collected twice: each agent already holds the session's items. This is the
+only module of the controller side that reaches the rank side, and only inside the forked agent.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import gc
 import os
 import signal
 import warnings
+from typing import NoReturn
 
+from ..._output import tail_of_file
+from ..._process import preimport_torch
 from ..._timing import monotonic, sleep
-from .base import LaunchHandle, LaunchRequest, tail_of_file
+from .base import LaunchHandle, LaunchRequest
 
 __all__ = ["LocalLauncher"]
 
@@ -42,7 +46,7 @@ class _ForkedAgents:
         return 0 if len(self.status) == len(self.pids) else None
 
     def output_tail(self, lines: int = 40) -> str:
-        return tail_of_file(self.request.log_path, lines)
+        return tail_of_file(self.request.log_path, lines, window=64 * 1024)
 
     def terminate(self, grace: float = 5.0) -> None:
         self._reap()
@@ -63,15 +67,23 @@ class _ForkedAgents:
                 break
 
 
-def _preimport_torch() -> None:
-    """Import torch.distributed once, before forking: every agent and child shares it copy-on-write.
+def _agent_main(request: LaunchRequest, rank: int) -> NoReturn:
+    """Body of the forked agent of ``rank``: close the controller's descriptors, then serve; never returns."""
+    for fd in request.close_in_agent:
+        os.close(fd)
+    from ...rank.main import forked_agent_main
 
-    No device is touched: this is the import only, as collection of a torch test module does.
-    """
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        pass
+    assert request.config is not None
+    forked_agent_main(
+        config=request.config,
+        items=request.items,
+        rank=rank,
+        world_size=request.world_size,
+        host=request.controller_host,
+        port=request.controller_port,
+        token=request.token,
+        log_path=request.log_path,
+    )
 
 
 class LocalLauncher:
@@ -84,10 +96,12 @@ class LocalLauncher:
         """Always available on POSIX."""
 
     def launch(self, request: LaunchRequest) -> LaunchHandle:
-        if request.fork_agent is None:
-            raise ValueError("the local launcher needs LaunchRequest.fork_agent")
+        if request.config is None:
+            raise ValueError(
+                "the local launcher needs LaunchRequest.config: its agents are forks of this session"
+            )
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
-        _preimport_torch()
+        preimport_torch()
         # Freeze the collected heap (torch's included) out of the cyclic collector: agents and their
         # children then share it copy-on-write instead of copying every page a collection touches,
         # and the controller's own end-of-session collections skip it.
@@ -103,7 +117,7 @@ class LocalLauncher:
             if pid == 0:
                 try:
                     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the controller, which ends the agents
-                    request.fork_agent(rank)
+                    _agent_main(request, rank)
                 finally:
                     os._exit(1)
             pids.append(pid)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import os
 
-from ._command import agent_command, find_program, has_option, nodes_in_nodefile, start
+from ..._rankenv import hosts_in_nodefile
+from ...errors import RankEnvError
+from ._command import agent_command, find_program, has_option, start
 from .base import LaunchHandle, LaunchRequest
 
 __all__ = ["PalsLauncher", "default_ppn", "pals_command"]
@@ -32,8 +34,16 @@ def default_ppn(world_size: int, environ: dict[str, str] | None = None) -> int:
     """Ranks per node from the PBS allocation: ceil(W / nodes in PBS_NODEFILE), W without a node file."""
     env = os.environ if environ is None else environ
     nodefile = env.get("PBS_NODEFILE", "").strip()
-    nodes = nodes_in_nodefile(nodefile) if nodefile else None
+    nodes = _nodes_in_nodefile(nodefile) if nodefile else None
     return math.ceil(world_size / nodes) if nodes else world_size
+
+
+def _nodes_in_nodefile(path: str) -> int | None:
+    """Number of distinct hosts in a PBS node file, None when it cannot be read or lists none."""
+    try:
+        return len(hosts_in_nodefile(path)) or None
+    except RankEnvError:
+        return None
 
 
 def pals_command(request: LaunchRequest, *, program: str, ppn: int) -> list[str]:

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from lightning.fabric.plugins.environments import ClusterEnvironment, LightningEnvironment
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
+from lightning.fabric.plugins.environments.lightning import LightningEnvironment
+from lightning.pytorch.strategies import ParallelStrategy
 
+from pytest_sprite._device import default_backend
 from pytest_sprite._rankenv import optional_rank_env
 from pytest_sprite.errors import RankEnvError, SpriteUsageError
 from pytest_sprite.lightning.environment import PALSEnvironment
 
-__all__ = ["ProcessScope", "check_launch", "default_cluster_environment", "process_group_backend"]
-
-_BACKENDS = {"cpu": "gloo", "xpu": "xccl", "cuda": "nccl"}
+__all__ = [
+    "LaunchScoped",
+    "ProcessScope",
+    "check_launch",
+    "default_cluster_environment",
+    "prepare_launch",
+    "process_group_backend",
+]
 
 # Set by Lightning's launcher (`_SubprocessScriptLauncher`) and `_init_dist_connection` in this process.
 _LAUNCH_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -27,7 +36,7 @@ def process_group_backend(device: torch.device, requested: str | None) -> str:
     """
     if requested is not None:
         return requested
-    backend = _BACKENDS.get(device.type)
+    backend = default_backend(device.type)
     if backend is None:
         raise SpriteUsageError(
             f"no default process group backend for device type {device.type!r}; pass "
@@ -82,6 +91,35 @@ def check_launch(
         )
 
 
+class _LaunchedStrategy(Protocol):
+    """What :func:`prepare_launch` reads from XPUDDPStrategy and FSDP2Strategy."""
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None: ...
+    @property
+    def num_processes(self) -> int: ...
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def global_rank(self) -> int: ...
+
+
+def prepare_launch(strategy: _LaunchedStrategy, scope: ProcessScope) -> None:
+    """What both strategies do before Lightning's launcher runs: remember the launch variables, check the launch."""
+    environment = strategy.cluster_environment
+    name = type(strategy).__name__
+    if environment is None:
+        raise RuntimeError(f"{name} has no cluster environment; build it through lightning.Trainer")
+    scope.remember_environment()
+    check_launch(
+        name,
+        environment,
+        num_processes=strategy.num_processes,
+        num_nodes=strategy.num_nodes,
+        global_rank=strategy.global_rank,
+    )
+
+
 def _launched_world(environment: ClusterEnvironment) -> tuple[int | None, str]:
     """How many processes the launch started, and who says so; (None, ...) when nobody knows."""
     if dist.is_available() and dist.is_initialized():
@@ -129,3 +167,30 @@ class ProcessScope:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+class LaunchScoped(ParallelStrategy):
+    """What XPUDDPStrategy and FSDP2Strategy do around Lightning's launch, in one place.
+
+    Check the launch before Lightning's launcher runs, pick the process group backend from the root device,
+    and leave the process as found after the fit. Listed before the Lightning strategy in the bases, so
+    ``super()`` reaches DDPStrategy's or ModelParallelStrategy's own methods.
+    """
+
+    _scope: ProcessScope
+    _process_group_backend: str | None
+
+    def _configure_launcher(self) -> None:
+        prepare_launch(self, self._scope)  # type: ignore[arg-type]  # the concrete strategies have the sizes
+        super()._configure_launcher()
+
+    def setup_environment(self) -> None:
+        self._scope.before_process_group_init()
+        super().setup_environment()
+
+    def _get_process_group_backend(self) -> str:
+        return process_group_backend(self.root_device, self._process_group_backend)
+
+    def teardown(self) -> None:
+        super().teardown()
+        self._scope.restore()

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 
 from pytest_sprite.lightning.strategies._common import (
+    LaunchScoped,
     ProcessScope,
-    check_launch,
     default_cluster_environment,
-    process_group_backend,
 )
 
 __all__ = ["XPUDDPStrategy"]
 
 
-class XPUDDPStrategy(DDPStrategy):
+class XPUDDPStrategy(LaunchScoped, DDPStrategy):
     """Lightning's DDPStrategy with no ``torch.cuda`` call, the right backend per device, and launch checks.
 
     Under an external launcher (PALS, torchrun, an already initialized process group) it checks that the
@@ -38,30 +37,7 @@ class XPUDDPStrategy(DDPStrategy):
         super().__init__(cluster_environment=default_cluster_environment(cluster_environment), **kwargs)
         self._scope = ProcessScope()
 
-    def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        self._scope.remember_environment()
-        check_launch(
-            type(self).__name__,
-            self.cluster_environment,
-            num_processes=self.num_processes,
-            num_nodes=self.num_nodes,
-            global_rank=self.global_rank,
-        )
-        super()._configure_launcher()
-
-    def setup_environment(self) -> None:
-        self._scope.before_process_group_init()
-        super().setup_environment()
-
-    def _get_process_group_backend(self) -> str:
-        return process_group_backend(self.root_device, self._process_group_backend)
-
     def _setup_model(self, model: Module) -> DistributedDataParallel:
         """Wrap in DDP on the root device; no CUDA side stream (XPU and CPU builds have no ``torch.cuda``)."""
         device_ids = self.determine_ddp_device_ids()
         return DistributedDataParallel(module=model, device_ids=device_ids, **self._ddp_kwargs)
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._scope.restore()

@@ -13,25 +13,24 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.plugins.environments import ClusterEnvironment
+from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.distributed.constants import default_pg_timeout
 from torch.nn import Module
 from torch.optim import Optimizer
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.lightning.strategies._common import (
+    LaunchScoped,
     ProcessScope,
-    check_launch,
     default_cluster_environment,
-    process_group_backend,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ __all__ = ["FSDP2Strategy"]
 _SHOWN = 8
 
 
-class FSDP2Strategy(ModelParallelStrategy):
+class FSDP2Strategy(LaunchScoped, ModelParallelStrategy):
     """FSDP2 data parallelism over every process, with the checks a correctness run needs before it starts.
 
     - ``data_parallel_size="auto"`` is the world size divided by ``tensor_parallel_size`` ("auto" = 1), so one
@@ -79,19 +78,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     # ---------------------------------------------------------------------------------------------------
     # processes, mesh
 
-    def _configure_launcher(self) -> None:
-        self._scope.remember_environment()
-        check_launch(
-            type(self).__name__,
-            _environment(self),
-            num_processes=self.num_processes,
-            num_nodes=self.num_nodes,
-            global_rank=self.global_rank,
-        )
-        super()._configure_launcher()
-
     def setup_environment(self) -> None:
-        self._scope.before_process_group_init()
         self._resolve_mesh_sizes()
         super().setup_environment()
 
@@ -109,9 +96,6 @@ class FSDP2Strategy(ModelParallelStrategy):
                 )
             self._data_parallel_size = world // tp
 
-    def _get_process_group_backend(self) -> str:
-        return process_group_backend(self.root_device, self._process_group_backend)
-
     def setup(self, trainer: pl.Trainer) -> None:
         lightning_module = self.lightning_module
         if (
@@ -121,10 +105,6 @@ class FSDP2Strategy(ModelParallelStrategy):
         ):
             _refuse_unmanaged_trainable(lightning_module, self.world_size)
         super().setup(trainer)
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._scope.restore()
 
     # ---------------------------------------------------------------------------------------------------
     # checkpoints
@@ -138,7 +118,8 @@ class FSDP2Strategy(ModelParallelStrategy):
         on frozen weights and loading raises "Missing optimizer state". Here the k-th saved parameter is the
         k-th parameter of the optimizer, as ``torch.optim.Optimizer.load_state_dict`` pairs them.
         """
-        from lightning.fabric.strategies.model_parallel import _is_full_checkpoint, _load_raw_module_state
+        from lightning.fabric.strategies.fsdp import _is_full_checkpoint
+        from lightning.fabric.strategies.model_parallel import _load_raw_module_state
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         path = Path(self.broadcast(checkpoint_path))
@@ -162,12 +143,6 @@ class FSDP2Strategy(ModelParallelStrategy):
             by_name = _keyed_by_name(state, model, optimizer, path)
             set_optimizer_state_dict(model, optimizer, optim_state_dict=by_name, options=options)
         return checkpoint
-
-
-def _environment(strategy: FSDP2Strategy) -> ClusterEnvironment:
-    if strategy.cluster_environment is None:
-        raise RuntimeError("FSDP2Strategy has no cluster environment; build it through lightning.Trainer")
-    return strategy.cluster_environment
 
 
 def _model(strategy: FSDP2Strategy) -> Module:
@@ -228,9 +203,10 @@ def _keyed_by_name(state: dict[str, Any], model: Module, optimizer: Optimizer, p
     if isinstance(optimizer, LightningOptimizer):
         optimizer = optimizer._optimizer
     current = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
-    names = [name for group in current["param_groups"] for name in group["params"]]
+    current_groups = cast(list[dict[str, Any]], current["param_groups"])
+    names = [name for group in current_groups for name in group["params"]]
     saved_sizes = [len(group["params"]) for group in state["param_groups"]]
-    current_sizes = [len(group["params"]) for group in current["param_groups"]]
+    current_sizes = [len(group["params"]) for group in current_groups]
     if saved_sizes != current_sizes:
         raise SpriteUsageError(
             f"checkpoint {str(path)!r} has optimizer param groups of {saved_sizes} parameters, but this "

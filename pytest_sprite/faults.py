@@ -1,0 +1,253 @@
+"""The fault registry: every fault pytest-sprite plants, each one entry that says what, where and who catches it.
+
+An entry names the fault, the arms it may be planted on, the checks that must reject it (``by``) and its
+:class:`Planter`, whose hooks the arms call at fixed points of the training step. The arms plant through
+:func:`plant`; ``expect_fault_rejected`` judges through :func:`get_fault`. Both the recipes and the
+assertions import this module, and it imports neither (nor torch at import time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from pytest_sprite.errors import SpriteUsageError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CLEAN", "FAULTS", "Fault", "PlantSite", "Planter", "get_fault", "plant"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlantSite:
+    """Where a planter acts: the arm, this rank's place in it, and the run's shape."""
+
+    arm: str
+    """The arm being trained (``ddp``, ``fsdp``, ...)."""
+    rank: int
+    """This process's rank in the arm."""
+    world_size: int
+    """Ranks the arm trains on."""
+    accumulate: int
+    """Micro-batches per optimizer step."""
+
+
+class Planter:
+    """How a fault breaks a run. Override the hooks where the fault acts; every default leaves the run clean.
+
+    The hooks, in the order a training step reaches them (an arm calls every hook it has a point for):
+
+    - :meth:`check`: before anything trains, refuse a run the fault cannot be planted in;
+    - :meth:`forward_context`: around the model's forward (e.g. leave the precision plugin's autocast);
+    - :meth:`loss`: this rank's micro-batch loss, before backward;
+    - :meth:`gradients`: after the gradients are synchronized across ranks, before clipping;
+    - :meth:`skip_step`: whether this rank skips the optimizer step;
+    - :meth:`after_restore`: right after a checkpoint restore (weights, optimizer, LR schedulers).
+    """
+
+    def check(self, site: PlantSite) -> None:
+        """Raise :class:`SpriteUsageError` if the fault cannot be planted in this run."""
+
+    def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
+        """A context the model's forward runs in, inside the precision plugin's own."""
+        return contextlib.nullcontext()
+
+    def loss(self, loss: torch.Tensor, site: PlantSite) -> torch.Tensor:
+        """The loss this rank back-propagates."""
+        return loss
+
+    def gradients(self, named_parameters: Sequence[tuple[str, torch.nn.Parameter]], site: PlantSite) -> None:
+        """Change the synchronized gradients in place (trainable parameters, in parameter order)."""
+
+    def skip_step(self, step: int, steps: int, site: PlantSite) -> bool:
+        """True to skip optimizer step ``step`` (0-based, of ``steps``) on this rank."""
+        return False
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        """Change what a Lightning ``trainer`` has just restored from a checkpoint."""
+
+    def hooks(self) -> tuple[str, ...]:
+        """Names of the hooks this planter overrides: the points where it acts."""
+        return tuple(h for h in _HOOKS if getattr(type(self), h) is not getattr(Planter, h))
+
+
+_HOOKS: Final = ("forward_context", "loss", "gradients", "skip_step", "after_restore")
+
+CLEAN: Final = Planter()
+"""The planter of a clean arm: every hook leaves the run as it is."""
+
+
+class _LossScale(Planter):
+    """A loss-level fault: this rank's loss is multiplied by :meth:`factor` (1 leaves it untouched)."""
+
+    def factor(self, site: PlantSite) -> float:
+        raise NotImplementedError
+
+    def loss(self, loss: torch.Tensor, site: PlantSite) -> torch.Tensor:
+        factor = self.factor(site)
+        return loss * factor if factor != 1.0 else loss
+
+
+class _DropLastRank(_LossScale):
+    def factor(self, site: PlantSite) -> float:
+        return 0.0 if site.rank == site.world_size - 1 else 1.0
+
+
+class _SumOverRanks(_LossScale):
+    def factor(self, site: PlantSite) -> float:
+        return float(site.world_size)
+
+
+class _SumMicroBatches(_LossScale):
+    def check(self, site: PlantSite) -> None:
+        if site.accumulate < 2:
+            raise SpriteUsageError(
+                f"fault 'accumulate-sum' needs accumulate >= 2 (got accumulate={site.accumulate}): "
+                "with one micro-batch there is no division to skip"
+            )
+
+    def factor(self, site: PlantSite) -> float:
+        # Lightning divides each micro-batch loss by k; multiplying by k undoes exactly that division.
+        return float(site.accumulate)
+
+
+class _DropOptimizerState(Planter):
+    """AdamW's state is emptied after the restore: its moments and step count start over."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        trainer.optimizers[0].state.clear()
+
+
+class _ResetScheduler(Planter):
+    """The LR scheduler goes back to step 0 after the restore, and the optimizer to its base LR."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        for group, base in zip(trainer.optimizers[0].param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base
+        scheduler.last_epoch = 0
+        scheduler._step_count = 1
+        scheduler._last_lr = list(scheduler.base_lrs)
+
+
+class _PerturbWeight(Planter):
+    """The first element of the first trainable tensor (this rank's shard of it) moves by 1e-3 after the restore."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        param = next(p for p in trainer.lightning_module.parameters() if p.requires_grad)
+        local = param.data.to_local() if isinstance(param.data, DTensor) else param.data
+        if local.numel():
+            with torch.no_grad():
+                local.view(-1)[0] += 1e-3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """One fault: what it breaks, the arms it may be planted on, the checks that must reject it, its planter."""
+
+    name: str
+    """Registry name, as passed to ``run(fault=...)`` and ``expect_fault_rejected``."""
+    description: str
+    """What the fault does to the training step."""
+    arms: tuple[str, ...]
+    """Arms it may be planted on; planting it elsewhere is a usage error naming these."""
+    by: tuple[str, ...]
+    """Checks that must be among the failed ones (``expect_fault_rejected``'s default ``by=``)."""
+    planter: Planter
+    """What plants it: the hooks the arms call."""
+
+    def check(self, site: PlantSite) -> None:
+        """Refuse, before training, an arm the fault is not for, or a run its planter cannot break."""
+        if site.arm not in self.arms:
+            reference = "; the reference arm always runs clean" if site.arm == "single" else ""
+            raise SpriteUsageError(
+                f"fault {self.name!r} applies to arms {', '.join(self.arms)}, not {site.arm!r}{reference}"
+            )
+        self.planter.check(site)
+
+
+FAULTS: Final[dict[str, Fault]] = {
+    f.name: f
+    for f in (
+        Fault(
+            name="missing-rank",
+            description="the last rank's loss is multiplied by 0, so its gradient never reaches the average",
+            arms=("ddp", "fsdp"),
+            by=("pre_norm",),
+            planter=_DropLastRank(),
+        ),
+        Fault(
+            name="wrong-scale",
+            description="every rank's loss is multiplied by N (the world size), so gradients are summed, not averaged",
+            arms=("ddp", "fsdp"),
+            by=("pre_norm",),
+            planter=_SumOverRanks(),
+        ),
+        Fault(
+            name="accumulate-sum",
+            description=(
+                "gradient accumulation skips the division by the k micro-batches, so the step uses k times the mean"
+            ),
+            arms=("ddp", "fsdp"),
+            by=("pre_norm",),
+            planter=_SumMicroBatches(),
+        ),
+        Fault(
+            name="dropped-optimizer-state",
+            description="the optimizer state is dropped right after the checkpoint restore",
+            arms=("resume",),
+            by=("optimizer_state",),
+            planter=_DropOptimizerState(),
+        ),
+        Fault(
+            name="reset-lr-scheduler",
+            description="the LR scheduler restarts from step 0 right after the checkpoint restore",
+            arms=("resume",),
+            by=("lr_scheduler", "lr"),
+            planter=_ResetScheduler(),
+        ),
+        Fault(
+            name="perturbed-weight",
+            description="a trainable weight moves by 1e-3 right after the checkpoint restore",
+            arms=("resume",),
+            by=("trainables",),
+            planter=_PerturbWeight(),
+        ),
+    )
+}
+"""Every fault pytest-sprite plants, by name."""
+
+_RESERVED: Final = {
+    "fp32-backbone": "the BF16 criterion v2",
+    "local-adapter": "the BF16 criterion v2",
+    "scale-grad": "the BF16 criterion v2",
+    "skip-update": "the BF16 criterion v2",
+}
+"""The seed's faults that a later version plants; each becomes a :data:`FAULTS` entry and leaves this table."""
+
+
+def get_fault(name: object) -> Fault:
+    """The registry entry for ``name``; an unknown or not yet planted name raises listing the known ones."""
+    if isinstance(name, str) and name in FAULTS:
+        return FAULTS[name]
+    if isinstance(name, str) and name in _RESERVED:
+        raise SpriteUsageError(
+            f"fault {name!r} is reserved for {_RESERVED[name]} and not planted by this version; "
+            f"faults it plants: {', '.join(FAULTS)}"
+        )
+    raise SpriteUsageError(f"unknown fault {name!r}; known faults: {', '.join(FAULTS)}")
+
+
+def plant(fault: str | None, site: PlantSite) -> Planter:
+    """The planter an arm calls at its hooks: the fault's, after checking it may go there, or :data:`CLEAN`."""
+    if fault is None:
+        return CLEAN
+    entry = get_fault(fault)
+    entry.check(site)
+    return entry.planter

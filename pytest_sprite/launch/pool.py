@@ -1,0 +1,259 @@
+"""The agent pool: the W rank agents of one launch, their sockets, and the reader threads that feed the event queue.
+
+The controller's sibling, as xdist's ``workermanage.py`` is ``dsession.py``'s: it starts, addresses
+and stops agents, and never consumes the event queue (only the controller's loop does). It knows
+nothing of the rank side: the local launcher alone forks agents.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .._settings import Settings
+from .._timing import monotonic, sleep
+from ..errors import LaunchError
+from ..protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
+from .launchers import get_launcher
+from .launchers.base import LaunchHandle, LaunchRequest
+
+__all__ = ["AgentPool", "Event", "Placement"]
+
+Event = tuple[int, str, dict[str, Any]]
+"""(rank, event name, payload) as the reader threads enqueue it."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one rank of a test sits: the launcher's local rank (its device), ranks on its node, node index."""
+
+    local_rank: int
+    local_size: int
+    node: int
+
+
+@dataclass
+class _Agent:
+    rank: int
+    sock: socket.socket
+    host: str
+    local_rank: int
+    """The launcher's local rank for this agent: the device index its children use."""
+    node: tuple[str, int | None]
+    """Which node the agent is on: its host, and the launcher's node id where it gives one."""
+    pid: int
+
+
+class AgentPool:
+    """The W rank agents of one launch, their sockets, and the one event queue."""
+
+    def __init__(
+        self, config: pytest.Config, settings: Settings, world_size: int, items: dict[str, pytest.Item]
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.world_size = world_size
+        self.items = items
+        self.events: queue.Queue[Event] = queue.Queue()
+        """Every agent's frames in arrival order; filled by reader threads, consumed by the controller's loop only."""
+        self.agents: dict[int, _Agent] = {}
+        self.broken: str | None = None
+        self.next_port: int | None = None
+        """Agent 0's listening rendezvous port for the next test (from agent_ready, then each child_exited)."""
+        self.handle: LaunchHandle | None = None
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="sprite-controller-"))
+        self._threads: list[threading.Thread] = []
+        self._listener: socket.socket | None = None
+
+    # -- start ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the agents and wait until every one of them has connected and said who it is."""
+        launcher = get_launcher(self.settings.launcher)
+        launcher.check()
+        spans = launcher.spans_nodes
+        bind_host = "0.0.0.0" if spans else "127.0.0.1"
+        advertised = self.settings.controller_host or (socket.gethostname() if spans else "127.0.0.1")
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((bind_host, 0))
+        listener.listen(max(16, self.world_size))
+        self._listener = listener
+        port = listener.getsockname()[1]
+        token = secrets.token_hex(16)
+        log_path = self.tmpdir / "launch.log"
+        config, world = self.config, self.world_size
+        request = LaunchRequest(
+            world_size=world,
+            controller_host=advertised,
+            controller_port=port,
+            token=token,
+            agent_argv=(
+                sys.executable,
+                "-m",
+                "pytest",
+                *config.invocation_params.args,
+                f"--sprite-agent={advertised}:{port}",
+            ),
+            ppn=self.settings.ppn,
+            launcher_args=self.settings.launcher_args,
+            env={"SPRITE_TOKEN": token, "SPRITE_WORLD_SIZE": str(world)},
+            log_path=log_path,
+            cwd=Path(config.invocation_params.dir),
+            config=config,
+            items=self.items,
+            close_in_agent=(listener.fileno(),),
+        )
+        self.handle = launcher.launch(request)
+        self._accept_all(token)
+
+    def _accept_all(self, token: str) -> None:
+        assert self._listener is not None and self.handle is not None
+        deadline = monotonic() + self.settings.connect_timeout
+        self._listener.settimeout(0.2)
+        while len(self.agents) < self.world_size:
+            status = self.handle.poll()
+            if status is not None and len(self.agents) < self.world_size:
+                raise LaunchError(
+                    f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
+                    f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
+                )
+            if monotonic() > deadline:
+                raise LaunchError(
+                    f"--launcher={self.settings.launcher}: only {len(self.agents)} of {self.world_size} agents connected "
+                    f"within {self.settings.connect_timeout:g}s (--connect-timeout); connected ranks: "
+                    f"{sorted(self.agents) or 'none'}. Launcher output:\n{self.handle.output_tail()}"
+                )
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            hello = self._first_frame(conn)
+            if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
+                conn.close()  # not one of ours
+                continue
+            self._register(conn, hello[1])  # type: ignore[arg-type]
+        for agent in self.agents.values():
+            thread = threading.Thread(
+                target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    @staticmethod
+    def _first_frame(conn: socket.socket) -> tuple[str, dict[str, Any]] | None:
+        """A connection's first frame, read before its token is checked: at most FIRST_FRAME_MAX bytes.
+
+        Anything larger, malformed or slow is not one of our agents; the caller drops the connection
+        without having allocated what a stranger announced.
+        """
+        conn.settimeout(30.0)
+        try:
+            return recv_frame(conn, max_size=FIRST_FRAME_MAX)
+        except (FrameTooLarge, ValueError, OSError):
+            return None
+        finally:
+            try:
+                conn.settimeout(None)
+            except OSError:
+                pass
+
+    def _register(self, conn: socket.socket, hello: AgentReady) -> None:
+        rank, world = int(hello["rank"]), int(hello["world_size"])
+        if world != self.world_size or not 0 <= rank < self.world_size:
+            raise LaunchError(
+                f"an agent reports rank {rank} of a world of {world}, but the controller launched {self.world_size} "
+                f"(--ranks); check the launcher's rank variables (RANK, PMI_RANK, PALS_RANKID, SLURM_PROCID)"
+            )
+        if rank in self.agents:
+            raise LaunchError(
+                f"two agents report rank {rank} (pids {self.agents[rank].pid} on {self.agents[rank].host} and "
+                f"{hello['pid']} on {hello['host']}): the launcher's rank variables are not per process"
+            )
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        node = hello["node"]
+        if rank == 0:
+            self.next_port = hello["next_port"]
+        self.agents[rank] = _Agent(
+            rank=rank,
+            sock=conn,
+            host=str(hello["host"]),
+            local_rank=int(hello["local_rank"]),
+            node=(str(hello["host"]), None if node is None else int(node)),
+            pid=int(hello["pid"]),
+        )
+
+    def _read_agent(self, agent: _Agent) -> None:
+        """Reader thread: enqueue every frame; never raise, never block the controller."""
+        try:
+            while True:
+                frame = recv_frame(agent.sock)
+                if frame is None:
+                    break
+                self.events.put((agent.rank, frame[0], frame[1]))
+        except OSError:
+            pass
+        self.events.put((agent.rank, "agent_lost", {}))
+
+    # -- use -------------------------------------------------------------------------------
+
+    def send(self, to: int, command: str, payload: Mapping[str, Any]) -> None:
+        """Send a command to the agent of rank ``to``; a dead connection marks the pool broken."""
+        try:
+            send_frame(self.agents[to].sock, command, payload)
+        except OSError as exc:
+            self.broken = f"lost the connection to rank agent {to}: {exc}"
+            self.events.put((to, "agent_lost", {}))
+
+    def placement(self, n: int) -> dict[int, Placement]:
+        """Local rank, local size and node index of ranks 0..n-1 of a test.
+
+        The local rank is the launcher's (it picks the rank's device); ranks share a node when their
+        agents share a host and launcher node id; nodes are numbered in order of their first rank.
+        """
+        nodes: list[tuple[str, int | None]] = []
+        counts: dict[tuple[str, int | None], int] = {}
+        for rank in range(n):
+            node = self.agents[rank].node
+            if node not in nodes:
+                nodes.append(node)
+            counts[node] = counts.get(node, 0) + 1
+        return {
+            rank: Placement(
+                local_rank=self.agents[rank].local_rank,
+                local_size=counts[self.agents[rank].node],
+                node=nodes.index(self.agents[rank].node),
+            )
+            for rank in range(n)
+        }
+
+    def output_tail(self) -> str:
+        """The launch log's last lines (empty before the launch)."""
+        return self.handle.output_tail() if self.handle is not None else ""
+
+    def close(self) -> None:
+        """Stop every agent and the launch; safe to call twice."""
+        for rank in list(self.agents):
+            self.send(rank, "shutdown", {})
+        if self.handle is not None:
+            deadline = monotonic() + 5.0
+            while self.handle.poll() is None and monotonic() < deadline:
+                sleep(0.05)  # the queue is the controller's: what arrives now stays there, unread
+            self.handle.terminate(grace=2.0)
+        for agent in self.agents.values():
+            agent.sock.close()
+        if self._listener is not None:
+            self._listener.close()
+        self.agents.clear()
+        shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -1,0 +1,319 @@
+"""The protocol between controller, rank agents and test children: the only place frames are made and read.
+
+A frame is a 4-byte big-endian length followed by a JSON object ``{"event": name, **payload}``.
+Children write frames to a pipe; their agent relays them unchanged over its socket, so the
+controller sees one ordered stream per rank. Every frame's payload is a TypedDict below; an
+unknown event name raises. Both sides import this module; it imports only stdlib.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+from collections.abc import Mapping
+from typing import Any, Final, Literal, TypedDict
+
+__all__ = [
+    "AGENT_EVENTS",
+    "CHILD_DONE",
+    "COMMANDS",
+    "FIRST_FRAME_MAX",
+    "HEADER_SIZE",
+    "MAX_FRAME",
+    "STACK_SIGNAL",
+    "Abort",
+    "AgentError",
+    "AgentLost",
+    "AgentReady",
+    "ChildDone",
+    "ChildExited",
+    "Collected",
+    "EndedBy",
+    "FrameReader",
+    "FrameTooLarge",
+    "Interrupted",
+    "Output",
+    "Report",
+    "Run",
+    "RunSpec",
+    "Shutdown",
+    "child_exited",
+    "decode_frame",
+    "encode_frame",
+    "recv_frame",
+    "send_frame",
+]
+
+_HEADER = struct.Struct(">I")
+HEADER_SIZE: Final = _HEADER.size
+MAX_FRAME: Final = 1 << 30
+FIRST_FRAME_MAX: Final = 4096
+"""The most a connection's first frame (``agent_ready``, before its token is checked) may hold."""
+
+
+EndedBy = Literal["timeout", "peer_failed", "agent_lost", "agent_error"]
+"""Why the harness ended a child (None in a payload: it ended on its own)."""
+
+# -- controller -> agent ------------------------------------------------------------------------
+
+
+class RunSpec(TypedDict):
+    """Where one child sits in its test's world; the agent hands it to the child with the listening socket."""
+
+    run_id: int
+    nodeid: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int
+    node: int
+    master_addr: str
+    master_port: int
+    device: str
+    timeout: float
+
+
+Run = RunSpec
+"""``run``: fork (or wake) a child that runs ``nodeid`` as ``rank`` of ``world_size``."""
+
+
+class Abort(TypedDict):
+    """``abort``: take the child's stacks and kill it (a timeout, or a peer that failed)."""
+
+    run_id: int
+    reason: EndedBy
+    detail: str
+
+
+class Shutdown(TypedDict):
+    """``shutdown``: end the agent's loop."""
+
+
+# -- agent (or a child, relayed by its agent) -> controller ----------------------------------------
+
+
+class AgentReady(TypedDict):
+    """``agent_ready``: the agent's first frame; who it is and where the launcher placed it."""
+
+    token: str
+    rank: int
+    local_rank: int
+    world_size: int
+    node: int | None
+    host: str
+    pid: int
+    next_port: int | None
+    """Rank 0: a listening port on its host for the first test's rendezvous store."""
+
+
+class Report(TypedDict):
+    """``report``: one TestReport (setup, call or teardown), from ``pytest_report_to_serializable``."""
+
+    run_id: int
+    rank: int
+    report: dict[str, Any]
+
+
+class Collected(TypedDict):
+    """``collected``: ``world.collect(name, tensor)``; the tensor is ``torch.save``'d and base64-encoded."""
+
+    run_id: int
+    rank: int
+    name: str
+    tensor: str
+
+
+class Output(TypedDict):
+    """``output``: what the child printed, sent when capture is off (``-s``)."""
+
+    run_id: int
+    rank: int
+    text: str
+
+
+class Interrupted(TypedDict):
+    """``interrupted``: KeyboardInterrupt in the test; the session ends after it."""
+
+    run_id: int
+    rank: int
+    message: str
+
+
+class ChildExited(TypedDict):
+    """``child_exited``: the child ended; its status, output tail and stacks."""
+
+    run_id: int
+    rank: int
+    exitcode: int | None
+    signal: int | None
+    ended_by: EndedBy | None
+    detail: str
+    output_tail: str
+    stacks: str
+    next_port: int | None
+    """Rank 0: the listening port for the next test's rendezvous, so no test waits on a round trip."""
+
+
+class AgentError(TypedDict):
+    """``agent_error``: the agent could not run what it was asked (unknown test id)."""
+
+    run_id: int
+    rank: int
+    message: str
+
+
+class AgentLost(TypedDict):
+    """``agent_lost``: posted by the controller's reader thread when an agent's connection closed."""
+
+
+# -- child -> agent only ---------------------------------------------------------------------------
+
+
+class ChildDone(TypedDict):
+    """``child_done``: the child's last frame before ``os._exit(0)``; the agent answers it with child_exited."""
+
+    run_id: int
+    rank: int
+
+
+CHILD_DONE: Final = "child_done"
+
+STACK_SIGNAL: Final = signal.SIGUSR1
+"""Agent -> child: dump every thread's stack (faulthandler) to ``stacks.txt``; sent before an abort kills it."""
+
+COMMANDS: Final[Mapping[str, type]] = {"run": RunSpec, "abort": Abort, "shutdown": Shutdown}
+"""Controller -> agent."""
+
+AGENT_EVENTS: Final[Mapping[str, type]] = {
+    "agent_ready": AgentReady,
+    "report": Report,
+    "collected": Collected,
+    "output": Output,
+    "interrupted": Interrupted,
+    "child_exited": ChildExited,
+    "agent_error": AgentError,
+    "agent_lost": AgentLost,
+}
+"""Agent (or a child, relayed) -> controller."""
+
+_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, CHILD_DONE})
+
+
+class FrameTooLarge(ValueError):
+    """A frame header announced more bytes than the reader accepts."""
+
+
+def child_exited(
+    *,
+    run_id: int,
+    rank: int,
+    exitcode: int | None = 0,
+    signal: int | None = None,
+    ended_by: EndedBy | None = None,
+    detail: str = "",
+    output_tail: str = "",
+    stacks: str = "",
+    next_port: int | None = None,
+) -> ChildExited:
+    """The one place a ``child_exited`` payload is built (defaults: a child that ended cleanly)."""
+    return ChildExited(
+        run_id=run_id,
+        rank=rank,
+        exitcode=exitcode,
+        signal=signal,
+        ended_by=ended_by,
+        detail=detail,
+        output_tail=output_tail,
+        stacks=stacks,
+        next_port=next_port,
+    )
+
+
+def _check_event(event: object) -> str:
+    if not isinstance(event, str) or event not in _ALL_EVENTS:
+        raise ValueError(f"unknown event {event!r}; known: {', '.join(sorted(_ALL_EVENTS))}")
+    return event
+
+
+def encode_frame(event: str, payload: Mapping[str, Any]) -> bytes:
+    """One frame for ``event`` with ``payload``; both must be JSON-serializable."""
+    body = json.dumps({"event": _check_event(event), **payload}, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise ValueError(f"frame for {event!r} is {len(body)} bytes, above the {MAX_FRAME}-byte limit")
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_frame(body: bytes) -> tuple[str, dict[str, Any]]:
+    """Split a frame body (the bytes after the header) into its event name and payload."""
+    msg = json.loads(body)
+    if not isinstance(msg, dict):
+        raise ValueError(f"a frame must hold a JSON object, not {type(msg).__name__}")
+    event = _check_event(msg.pop("event", None))
+    return event, msg
+
+
+def send_frame(sink: socket.socket | int, event: str, payload: Mapping[str, Any]) -> None:
+    """Send one frame on a connected socket, or write it whole to a file descriptor (a child's pipe)."""
+    data = encode_frame(event, payload)
+    if isinstance(sink, socket.socket):
+        sink.sendall(data)
+        return
+    view = memoryview(data)
+    while view:
+        view = view[os.write(sink, view) :]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(min(n - len(chunks), 1 << 20))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_frame(sock: socket.socket, max_size: int = MAX_FRAME) -> tuple[str, dict[str, Any]] | None:
+    """Block for the next frame; None when the peer closed the connection.
+
+    Raises FrameTooLarge, before reading the body, when the header announces more than ``max_size``
+    bytes: a connection that has not shown its token yet gets :data:`FIRST_FRAME_MAX`.
+    """
+    header = _recv_exact(sock, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > max_size:
+        raise FrameTooLarge(f"a frame of {length} bytes is above the {max_size}-byte limit")
+    body = _recv_exact(sock, length)
+    if body is None:
+        return None
+    return decode_frame(body)
+
+
+class FrameReader:
+    """Incremental decoder for a non-blocking byte stream (a child's pipe read with ``os.read``)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add bytes; return the complete raw frames (header included) now available."""
+        self._buf += data
+        frames = []
+        while len(self._buf) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buf)
+            end = _HEADER.size + length
+            if len(self._buf) < end:
+                break
+            frames.append(bytes(self._buf[:end]))
+            del self._buf[:end]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete frame still buffered."""
+        return len(self._buf)
