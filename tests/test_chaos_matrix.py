@@ -184,7 +184,7 @@ def test_command_form_crashes_an_unmodified_script(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "chaos")) == ["inject", "logs", "matrix.json", "matrix.txt", "runs"]
 
 
-@pytest.mark.slow
+@pytest.mark.chaos_matrix
 def test_command_form_on_the_torch_protocol_script(tmp_path: Path, protocols: Any) -> None:
     command = [sys.executable, "-m", "pytest_sprite.chaos.protocols", "tmp_rename", "{out}"]
     matrix = assert_crash_consistent(

@@ -1,6 +1,6 @@
 """Crash matrices of the built-in targets: the lora_qwen recipe's Lightning fit, HF Trainer, a shared-temp race.
 
-The full matrices are marked ``slow`` (minutes on CPU); one narrowed 2-rank ddp matrix runs in CI.
+The full matrices are marked ``chaos_matrix`` (minutes on CPU); one narrowed 2-rank ddp matrix runs in CI.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_ddp_at_two_ranks_loses_work_when_it_dies_before_last_ckpt(tmp_path: Pat
         assert_crash_consistent(target, out_dir=tmp_path / "strict", select=_last_ckpt, allow_lost_work=False)
 
 
-@pytest.mark.slow
+@pytest.mark.chaos_matrix
 @pytest.mark.parametrize(("strategy", "ranks"), [("single", 1), ("ddp", 1), ("ddp", 2)])
 def test_lightning_file_checkpoints_never_break(
     tmp_path: Path, lora_target: Any, strategy: str, ranks: int
@@ -55,7 +55,7 @@ def test_lightning_file_checkpoints_never_break(
     assert [r.verdict for r in matrix.rows if r.verdict != "PASS"] == ["LOST_WORK"] * 2
 
 
-@pytest.mark.slow
+@pytest.mark.chaos_matrix
 @pytest.mark.parametrize(
     ("strategy", "ranks"), [("fsdp", 1), ("fsdp", 2), ("fsdp_file", 1), ("fsdp_file", 2)]
 )
@@ -72,7 +72,7 @@ def test_fsdp_matrices_run_and_judge(tmp_path: Path, lora_target: Any, strategy:
         assert matrix.counts["HARD_FAIL"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.chaos_matrix
 def test_hf_trainer_single_process_step_10_save(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from pytest_sprite.chaos.hf import HFTrainerTarget
@@ -91,7 +91,7 @@ def test_hf_trainer_single_process_step_10_save(tmp_path: Path) -> None:
     assert matrix.rows[-1].file == "checkpoint-10/trainer_state.json"
 
 
-@pytest.mark.slow
+@pytest.mark.chaos_matrix
 def test_every_rank_renaming_one_shared_temp_folder_is_caught_with_flake(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from pytest_sprite.chaos.protocols import train_shared_tmp
