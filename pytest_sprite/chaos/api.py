@@ -30,7 +30,7 @@ def assert_crash_consistent(
     target: Callable[[Path], Any] | Sequence[str] | Any,
     *,
     out_dir: str | os.PathLike[str],
-    ranks: int = 1,
+    ranks: int | None = None,
     strategy: str | None = None,
     flake: int = 0,
     allow_lost_work: bool = True,
@@ -48,7 +48,9 @@ def assert_crash_consistent(
 
     ``target`` is a training function ``fn(train_dir)`` that trains to the end, resuming from whatever it finds in
     ``train_dir``, and returns its final weights (a mapping of tensors, or a module), run as ``ranks`` forked
-    processes (with torchrun's variables when more than one; the function starts its process group); or the
+    processes (with torchrun's variables when more than one; the function starts its process group); in a
+    ranks test, call it on every rank: each run is then a sub-world of the test's ranks (``run_subworld``,
+    with its process group started), and the function must be module-level; or the
     ``lora_qwen`` fixture's recipe with ``strategy=`` (single, ddp, fsdp, fsdp_file; a Lightning fit resumed
     with ``ckpt_path="last"``); or a command (a list of
     strings with ``{out}`` where the script takes its output directory) with ``result_file=`` (``"{out}/final.pt"``)
@@ -78,10 +80,19 @@ def assert_crash_consistent(
         raise SpriteUsageError(f"max_points must be a positive int or None, got {max_points!r}")
     if tear not in TEAR_CHOICES:
         raise SpriteUsageError(f"tear={tear!r} is not one of {', '.join(map(repr, TEAR_CHOICES))}")
+    world = _test_world()
     resolved = _target(
-        target, ranks=ranks, strategy=strategy, result_file=result_file, resume_cmd=resume_cmd, env=env
+        target,
+        ranks=ranks,
+        strategy=strategy,
+        result_file=result_file,
+        resume_cmd=resume_cmd,
+        env=env,
+        world=world,
     )
-    out = prepare_out_dir(out_dir)
+    # in a ranks test every rank runs this same matrix in lockstep (each run is a collective sub-world);
+    # rank 0 alone creates out_dir and writes the matrix into it
+    out = prepare_out_dir(out_dir) if world is None else world.run_on_rank(0, prepare_out_dir, out_dir)
     if hasattr(resolved, "prepare"):
         resolved = resolved.prepare(out / "inject")
     matrix = run_matrix(
@@ -95,35 +106,61 @@ def assert_crash_consistent(
         max_points=max_points,
         select=select,
         tear=tear,  # type: ignore[arg-type]
+        write=world is None or world.rank == 0,
     )
     return check_crash_matrix(matrix)
+
+
+def _test_world() -> Any:
+    """The World of the ranks test calling the assertion, None in a plain test (or a ranks test of one)."""
+    from pytest_sprite.world import current_world
+
+    world = current_world()
+    return world if world is not None and world.distributed else None
 
 
 def _target(
     target: Any,
     *,
-    ranks: int,
+    ranks: int | None,
     strategy: str | None,
+    world: Any,
     result_file: str | None,
     resume_cmd: Sequence[str] | None,
     env: Mapping[str, str] | None,
 ) -> Any:
     """The target object for what the user passed, or a SpriteUsageError saying what is accepted."""
-    from pytest_sprite.chaos.targets import CommandTarget, FunctionTarget
+    from pytest_sprite.chaos.targets import CommandTarget, FunctionTarget, SubworldTarget
 
+    if ranks is None:
+        ranks = 1 if world is None else int(world.size)
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise SpriteUsageError(f"ranks must be a positive int (processes per run), got {ranks!r}")
+    if world is not None and ranks > world.size:
+        raise SpriteUsageError(
+            f"ranks={ranks} is more than this ranks test's {world.size} ranks; a run's sub-world is at most the test's"
+        )
     if type(target).__name__ == "LoraQwen":
-        from pytest_sprite.chaos.lora import LORA_STRATEGIES, LoraQwenTarget
+        from pytest_sprite.chaos.lora import LORA_STRATEGIES, LoraQwenTarget, train_in_subworld
 
         if strategy is None:
             raise SpriteUsageError(
                 f"crashing the lora_qwen recipe needs strategy=, one of {', '.join(LORA_STRATEGIES)}"
             )
-        return LoraQwenTarget(strategy=strategy, ranks=1 if strategy == "single" else ranks)
+        size = 1 if strategy == "single" else ranks
+        if world is not None:
+            LoraQwenTarget(strategy=strategy, ranks=size)  # validates
+            return SubworldTarget(
+                fn=train_in_subworld, args=(strategy,), ranks=size, name=f"lora_qwen {strategy}"
+            )
+        return LoraQwenTarget(strategy=strategy, ranks=size)
     if strategy is not None:
         raise SpriteUsageError(f"strategy= applies to the lora_qwen recipe, not to a {type(target).__name__}")
     if isinstance(target, (list, tuple)):
+        if world is not None:
+            raise SpriteUsageError(
+                "a command target starts its own interpreters: call it from a plain test, not a ranks test"
+            )
         if ranks != 1:
             raise SpriteUsageError("a command target runs as one process (its own launcher, if any): ranks=1")
         if result_file is None:
@@ -144,8 +181,19 @@ def _target(
             f"got a {type(target).__name__}"
         )
     if hasattr(target, "run") and hasattr(target, "ranks") and hasattr(target, "label"):
+        if world is not None and not isinstance(target, SubworldTarget):
+            raise SpriteUsageError(
+                f"a {type(target).__name__} forks its own processes: call it from a plain test; in a ranks test "
+                "pass a module-level training function or the lora_qwen recipe"
+            )
         return target
     if callable(target):
+        if world is not None:
+            if env:
+                raise SpriteUsageError(
+                    "env= is not supported in a ranks test (sub-worlds inherit the test's)"
+                )
+            return SubworldTarget(fn=target, ranks=ranks)
         return FunctionTarget(fn=target, env=dict(env or {}), ranks=ranks)
     raise SpriteUsageError(
         f"cannot crash a {type(target).__name__}: pass a training function fn(train_dir) -> final weights, "

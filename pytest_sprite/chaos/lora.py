@@ -28,7 +28,7 @@ from pytest_sprite.chaos.runner import RunOutcome, rank_envs, run_forked
 from pytest_sprite.chaos.targets import prewarm_torch
 from pytest_sprite.errors import SpriteUsageError
 
-__all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_lora_qwen"]
+__all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_in_subworld", "train_lora_qwen"]
 
 LORA_STRATEGIES: tuple[str, ...] = ("single", "ddp", "fsdp", "fsdp_file")
 """Strategies the target trains with (the shipped ones; ``fsdp_file`` writes one full-state file)."""
@@ -160,6 +160,19 @@ def _full_state(net: Any) -> dict[str, Any]:
             t = p.detach()
             out[name] = (t.full_tensor() if isinstance(t, DTensor) else t).to("cpu").clone()
     return out
+
+
+def train_in_subworld(train_dir: Path, strategy: str) -> dict[str, Any]:
+    """The fit as one rank of a sub-world (a ranks test's form): the sub-world has started the process group."""
+    return _train_entry(train_dir, strategy)
+
+
+def _prepare_zygote(train_dir: Path, strategy: str) -> None:
+    """Run once in each test rank's zygote before its sub-worlds fork: imports and the model, warm."""
+    LoraQwenTarget(strategy="single").prewarm()
+
+
+train_in_subworld.subworld_prepare = _prepare_zygote  # type: ignore[attr-defined]
 
 
 def _train_entry(train_dir: Path, strategy: str) -> dict[str, Any]:

@@ -149,6 +149,7 @@ def run_matrix(
     max_points: int | None = None,
     select: Callable[[FileEvent], bool] | None = None,
     tear: Tear = "all",
+    write: bool = True,
 ) -> CrashMatrix:
     """Run the whole matrix of ``target`` inside ``out_dir`` (created by :func:`prepare_out_dir`) and judge it."""
     start = time.monotonic()
@@ -163,6 +164,7 @@ def run_matrix(
             _empty(target, atol, allow_lost_work, flake, f"{_failure(first)} (its output: {output})"),
             out_dir,
             start,
+            write,
         )
     missing = [log for log in runs.logs("free-1") if not log.exists()]
     if missing:
@@ -215,12 +217,13 @@ def run_matrix(
         control=control,
         rows=tuple(rows),
     )
-    return _finish(matrix, out_dir, start)
+    return _finish(matrix, out_dir, start, write)
 
 
-def _finish(matrix: CrashMatrix, out_dir: Path, start: float) -> CrashMatrix:
+def _finish(matrix: CrashMatrix, out_dir: Path, start: float, write: bool) -> CrashMatrix:
     matrix = judge_matrix(replace(matrix, wall_s=time.monotonic() - start))
-    matrix.write(out_dir)
+    if write:
+        matrix.write(out_dir)
     return matrix
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "STEPS",
     "train",
     "train_in_place",
+    "train_rank0_rename",
     "train_shared_tmp",
     "train_tmp_rename",
 ]
@@ -111,15 +112,26 @@ def train_shared_tmp(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]
     """Every rank writes its part into one shared ``ckpt-N.tmp/`` and then every rank renames it into place.
 
     The shape of the temporary-folder save Hugging Face merged and reverted (#35580, #36076): each rank checks
-    that the folder is still there and renames it, so when both pass the check before either renames, the
-    loser's rename raises ``FileNotFoundError``. A race: it fails only sometimes, which is what ``flake=``
-    counts. Run under torchrun's variables (``assert_crash_consistent(..., ranks=2)``): a gloo process group,
-    gradients averaged over ranks, rank 0 writes the model, every rank its own optimizer file.
+    that the folder is complete and still there, then renames it, so when both pass the check before either
+    renames, the loser's rename (or its check) raises ``FileNotFoundError``. A race: it fails only sometimes,
+    which is what ``flake=`` counts. Runs under torchrun's variables (``assert_crash_consistent(..., ranks=2)``)
+    or in a sub-world; gradients are averaged over ranks, rank 0 writes the model, every rank its optimizer.
     """
+    return _train_ranks(out_dir, installer="every_rank")
+
+
+def train_rank0_rename(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """As :func:`train_shared_tmp`, but after a barrier rank 0 alone renames the folder into place: sound."""
+    return _train_ranks(out_dir, installer="rank0")
+
+
+def _train_ranks(out_dir: str | os.PathLike[str], *, installer: str) -> dict[str, torch.Tensor]:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
+    own_group = not dist.is_initialized()  # a sub-world has started one already
+    if own_group:
+        dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         out = Path(out_dir)
@@ -142,13 +154,16 @@ def train_shared_tmp(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]
             loss = torch.nn.functional.mse_loss(model(xs[step][part]), ys[step][part])
             loss.backward()  # type: ignore[no-untyped-call]
             for p in model.parameters():
-                assert p.grad is not None
-                dist.all_reduce(p.grad)
-                p.grad /= world
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
             opt.step()
             if (step + 1) % SAVE_EVERY == 0:
                 final = out / f"ckpt-{step + 1}"
                 tmp = out / f"ckpt-{step + 1}.tmp"
+                if rank == 0 and tmp.exists():
+                    shutil.rmtree(tmp)  # left over by a crash during an earlier attempt at this save
+                dist.barrier()
                 tmp.mkdir(exist_ok=True)
                 if rank == 0:
                     torch.save(model.state_dict(), tmp / "model.pt")
@@ -156,17 +171,17 @@ def train_shared_tmp(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]
                         json.dump({"step": step + 1}, f)
                 torch.save(opt.state_dict(), tmp / f"optim-{rank}.pt")
                 dist.barrier()
-                if tmp.exists() and len(os.listdir(tmp)) == world + 2:  # every part is there: install it
-                    for name in sorted(os.listdir(tmp)):  # durable before it is installed
-                        fd = os.open(tmp / name, os.O_RDONLY)
-                        os.fsync(fd)
-                        os.close(fd)
+                if installer == "rank0":
+                    if rank == 0:
+                        os.rename(tmp, final)
+                elif tmp.exists() and len(os.listdir(tmp)) == world + 2:  # every part is there: install it
                     os.rename(tmp, final)
                 dist.barrier()
                 note_save_complete(final.name)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
-        dist.destroy_process_group()
+        if own_group:
+            dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

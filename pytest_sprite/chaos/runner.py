@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 
-__all__ = ["RankOutcome", "RunOutcome", "output_tail", "rank_envs", "run_forked"]
+__all__ = ["RankOutcome", "RunOutcome", "output_tail", "portable", "rank_envs", "run_forked"]
 
 Status = Literal["returned", "raised", "crashed", "died", "timeout"]
 
@@ -103,7 +103,7 @@ def _child(
         try:
             value = fn(*args)
             inject.finish()
-            payload = ("returned", _portable(value), None, None)
+            payload = ("returned", portable(value), None, None)
         except BaseException as exc:  # everything the function raised is the run's outcome
             inject.finish()
             text = traceback.format_exc()
@@ -123,7 +123,7 @@ def _child(
         os._exit(code)
 
 
-def _portable(value: Any) -> Any:
+def portable(value: Any) -> Any:
     """A returned module becomes its state dict; tensors are detached CPU copies (picklable, comparable)."""
     try:
         import torch

@@ -24,6 +24,7 @@ from pytest_sprite.errors import SpriteUsageError
 __all__ = [
     "CommandTarget",
     "FunctionTarget",
+    "SubworldTarget",
     "Target",
     "load_weights",
     "prewarm_torch",
@@ -335,3 +336,90 @@ def _plain_diff(x: Any, y: Any) -> float:
     if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
         return max((_plain_diff(a, b) for a, b in zip(x, y, strict=True)), default=0.0)
     return 0.0 if x == y else float("inf")
+
+
+def _subworld_rank(
+    world: Any, fn: Callable[..., Any], args: tuple[Any, ...], plans: Sequence[Plan | None]
+) -> Any:
+    """One rank of a sub-world run: install this rank's plan, train, hand back portable weights."""
+    from pytest_sprite.chaos import inject
+    from pytest_sprite.chaos.runner import portable
+
+    plan = plans[world.rank]
+    if plan is not None:
+        inject.install(plan)
+    value = fn(*args)
+    inject.finish()
+    return portable(value)
+
+
+def _prepare_subworld_rank(
+    fn: Callable[..., Any], args: tuple[Any, ...], plans: Sequence[Plan | None]
+) -> None:
+    """Warm the zygote the sub-world forks from: torch's lazy parts, and what ``fn.subworld_prepare`` loads."""
+    prewarm_torch()
+    prepare = getattr(fn, "subworld_prepare", None)
+    if callable(prepare):
+        prepare(*args)
+
+
+_subworld_rank.subworld_prepare = _prepare_subworld_rank  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubworldTarget:
+    """A per-rank training function run in sub-worlds: the form for a ranks test (every rank calls the assertion).
+
+    Every run is ``run_subworld`` on every rank of the test: test rank ``r`` forks sub-rank ``r`` from its
+    zygote, with its own rendezvous and default process group (``fn`` needs none of its own). A sub-world ends
+    when one of its ranks dies, so the other ranks of a crashed run are stopped right away rather than running
+    on for ``grace`` seconds (a stated limit of this form).
+    """
+
+    fn: Callable[..., Any]
+    """Module-level (it is pickled to the zygotes): ``fn(train_dir, *args)`` returns the final weights."""
+    args: tuple[Any, ...] = ()
+    ranks: int = 1
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
+
+    def run(
+        self,
+        train_dir: Path,
+        *,
+        plans: Sequence[Plan | None],
+        outputs: Sequence[Path],
+        timeout: float,
+        grace: float,
+    ) -> RunOutcome:
+        from pytest_sprite.subworld import run_subworld
+
+        start = time.monotonic()
+        result = run_subworld(
+            _subworld_rank,
+            args=(self.fn, (train_dir, *self.args), tuple(plans)),
+            ranks=self.ranks,
+            timeout=timeout,
+        )
+        ranks: list[RankOutcome] = []
+        for o, out in zip(result.outcomes, outputs, strict=True):
+            if o.output:
+                with open(out, "a", encoding="utf-8") as f:
+                    f.write(o.output)
+            if o.status == "returned":
+                ranks.append(RankOutcome(rank=o.rank, status="returned", value=o.value))
+            elif o.exitcode == CRASH_EXIT_CODE:
+                ranks.append(RankOutcome(rank=o.rank, status="crashed"))
+            elif o.status == "raised":
+                last = [line for line in o.error.strip().splitlines() if line.strip()][-1:] or [o.error]
+                ranks.append(RankOutcome(rank=o.rank, status="raised", error=last[0], traceback=o.error))
+            elif o.status == "ended":
+                ranks.append(
+                    RankOutcome(rank=o.rank, status="timeout", error=o.error or "ended with its sub-world")
+                )
+            else:
+                ranks.append(RankOutcome(rank=o.rank, status="died", error=o.error or o.status))
+        return RunOutcome(ranks=tuple(ranks), wall_s=time.monotonic() - start)
