@@ -19,6 +19,8 @@ __all__ = [
     "ArtifactExistsError",
     "AssertionFailure",
     "Bf16ArmRecord",
+    "CrashConsistencyError",
+    "CrashMatrix",
     "CriterionError",
     "CriterionRefused",
     "CriterionResult",
@@ -42,12 +44,14 @@ __all__ = [
     "SubworldError",
     "SubworldResult",
     "World",
+    "assert_crash_consistent",
     "assert_criterion_v2",
     "assert_parity",
     "assert_resume_bitexact",
     "collected",
     "data_parallel_mesh",
     "expect_fault_rejected",
+    "judge_crash_matrix",
     "load_arm_record",
     "run_subworld",
     "tensor_digest",
@@ -63,6 +67,8 @@ _LAZY = {
     "CriterionError": "pytest_sprite.assertions.criterion_v2",
     "CriterionRefused": "pytest_sprite.assertions.criterion_v2",
     "CriterionResult": "pytest_sprite.assertions.criterion_v2",
+    "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
+    "CrashMatrix": "pytest_sprite.assertions.crash_consistency",
     "FAULTS": "pytest_sprite.faults",
     "FailedCheck": "pytest_sprite.assertions._evidence",
     "Fault": "pytest_sprite.faults",
@@ -86,11 +92,13 @@ _LAZY = {
     "SubworldResult": "pytest_sprite.subworld",
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
+    "assert_crash_consistent": "pytest_sprite.chaos.api",
     "assert_parity": "pytest_sprite.assertions.parity",
     "assert_resume_bitexact": "pytest_sprite.assertions.resume",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
+    "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
     "run_subworld": "pytest_sprite.subworld",
     "tensor_digest": "pytest_sprite.records",
@@ -100,6 +108,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from ._collected import collected
     from .assertions._evidence import AssertionFailure, FailedCheck
+    from .assertions.crash_consistency import CrashConsistencyError, CrashMatrix, judge_crash_matrix
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,
         CriterionError,
@@ -117,6 +126,7 @@ if TYPE_CHECKING:
         assert_parity,
     )
     from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
+    from .chaos.api import assert_crash_consistent
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .faults import FAULTS, Fault
     from .recipes.artifacts import ArtifactExistsError, load_arm_record

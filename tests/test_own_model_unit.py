@@ -196,3 +196,12 @@ def test_the_resume_check_refuses_a_recipe_that_does_not_pickle() -> None:
     assert str(exc.value).endswith(
         "define model, rows and loss as top-level functions or classes of a module, not lambdas or nested functions"
     )
+
+
+def test_own_model_is_crash_consistent(tmp_path: Any) -> None:
+    """The crash matrix on the recipe's own model: killed at file events of its saves, resumed, judged."""
+    from pytest_sprite import assert_crash_consistent
+
+    matrix = assert_crash_consistent(MLP, strategy="single", out_dir=tmp_path / "chaos", max_points=3)
+    assert matrix.target == "mlp single"
+    assert matrix.rows and all(r.verdict in ("PASS", "LOST_WORK") for r in matrix.rows)
