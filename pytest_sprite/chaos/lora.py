@@ -104,6 +104,7 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
             return DataLoader([batch], batch_size=None)  # type: ignore[arg-type]
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor
             if source is not None:
                 loss = source.loss(self.net, batch)
             else:
