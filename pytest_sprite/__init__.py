@@ -19,6 +19,8 @@ __all__ = [
     "ArtifactExistsError",
     "AssertionFailure",
     "Bf16ArmRecord",
+    "CrashConsistencyError",
+    "CrashMatrix",
     "CriterionError",
     "CriterionRefused",
     "CriterionResult",
@@ -26,6 +28,7 @@ __all__ = [
     "Fault",
     "FaultNotRejected",
     "FaultRejection",
+    "KillAt",
     "LaunchError",
     "LoraQwen",
     "ParityError",
@@ -34,18 +37,26 @@ __all__ = [
     "RankEnvError",
     "Recipe",
     "RecipeIdentity",
+    "ResumeError",
+    "ResumeResult",
     "SpriteError",
     "SpriteUsageError",
+    "SubworldError",
+    "SubworldResult",
     "World",
+    "assert_crash_consistent",
     "assert_criterion_v2",
     "assert_parity",
+    "assert_resume_bitexact",
     "assertion_results",
     "collected",
     "data_parallel_mesh",
     "expect_fault_rejected",
+    "judge_crash_matrix",
     "load_arm_record",
     "progress",
     "record_assertion",
+    "run_subworld",
     "tensor_digest",
 ]
 
@@ -59,11 +70,14 @@ _LAZY = {
     "CriterionError": "pytest_sprite.assertions.criterion_v2",
     "CriterionRefused": "pytest_sprite.assertions.criterion_v2",
     "CriterionResult": "pytest_sprite.assertions.criterion_v2",
+    "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
+    "CrashMatrix": "pytest_sprite.assertions.crash_consistency",
     "FAULTS": "pytest_sprite.faults",
     "FailedCheck": "pytest_sprite.assertions._evidence",
     "Fault": "pytest_sprite.faults",
     "FaultNotRejected": "pytest_sprite.assertions.faults",
     "FaultRejection": "pytest_sprite.assertions.faults",
+    "KillAt": "pytest_sprite.subworld",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
     "PARITY_CHECKS": "pytest_sprite.assertions.parity",
@@ -73,18 +87,26 @@ _LAZY = {
     "RankEnvError": "pytest_sprite.errors",
     "Recipe": "pytest_sprite.recipes.recipe",
     "RecipeIdentity": "pytest_sprite.records",
+    "ResumeError": "pytest_sprite.assertions.resume",
+    "ResumeResult": "pytest_sprite.assertions.resume",
     "SpriteError": "pytest_sprite.errors",
     "SpriteUsageError": "pytest_sprite.errors",
+    "SubworldError": "pytest_sprite.subworld",
+    "SubworldResult": "pytest_sprite.subworld",
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
+    "assert_crash_consistent": "pytest_sprite.chaos.api",
     "assert_parity": "pytest_sprite.assertions.parity",
     "assertion_results": "pytest_sprite._results",
+    "assert_resume_bitexact": "pytest_sprite.assertions.resume",
     "collected": "pytest_sprite._collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
+    "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
     "progress": "pytest_sprite._results",
     "record_assertion": "pytest_sprite._results",
+    "run_subworld": "pytest_sprite.subworld",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
@@ -93,6 +115,7 @@ if TYPE_CHECKING:
     from ._collected import collected
     from ._results import assertion_results, progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
+    from .assertions.crash_consistency import CrashConsistencyError, CrashMatrix, judge_crash_matrix
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,
         CriterionError,
@@ -109,6 +132,8 @@ if TYPE_CHECKING:
         ParityResult,
         assert_parity,
     )
+    from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
+    from .chaos.api import assert_crash_consistent
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .faults import FAULTS, Fault
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
@@ -116,6 +141,7 @@ if TYPE_CHECKING:
     from .recipes.mesh import data_parallel_mesh
     from .recipes.recipe import Recipe
     from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
+    from .subworld import KillAt, SubworldError, SubworldResult, run_subworld
     from .world import World
 
 

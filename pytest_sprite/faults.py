@@ -167,6 +167,39 @@ class _SkipLastUpdate(_Bf16Only):
         return site.rank != 0 and step == steps - 1
 
 
+class _DropOptimizerState(Planter):
+    """AdamW's state is emptied after the restore: its moments and step count start over."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        trainer.optimizers[0].state.clear()
+
+
+class _ResetScheduler(Planter):
+    """The LR scheduler goes back to step 0 after the restore, and the optimizer to its base LR."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        for group, base in zip(trainer.optimizers[0].param_groups, scheduler.base_lrs, strict=True):
+            group["lr"] = base
+        scheduler.last_epoch = 0
+        scheduler._step_count = 1
+        scheduler._last_lr = list(scheduler.base_lrs)
+
+
+class _PerturbWeight(Planter):
+    """The first element of the first trainable tensor (this rank's shard of it) moves by 1e-3 after the restore."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        param = next(p for p in trainer.lightning_module.parameters() if p.requires_grad)
+        local = param.data.to_local() if isinstance(param.data, DTensor) else param.data
+        if local.numel():
+            with torch.no_grad():
+                local.view(-1)[0] += 1e-3
+
+
 @dataclass(frozen=True, kw_only=True)
 class Fault:
     """One fault: what it breaks, the arms it may be planted on, the checks that must reject it, its planter."""
@@ -254,15 +287,32 @@ FAULTS: Final[dict[str, Fault]] = {
             by=("synchronized",),
             planter=_SkipLastUpdate(),
         ),
+        Fault(
+            name="dropped-optimizer-state",
+            description="the optimizer state is dropped right after the checkpoint restore",
+            arms=("resume",),
+            by=("optimizer_state",),
+            planter=_DropOptimizerState(),
+        ),
+        Fault(
+            name="reset-lr-scheduler",
+            description="the LR scheduler restarts from step 0 right after the checkpoint restore",
+            arms=("resume",),
+            by=("lr_scheduler", "lr"),
+            planter=_ResetScheduler(),
+        ),
+        Fault(
+            name="perturbed-weight",
+            description="a trainable weight moves by 1e-3 right after the checkpoint restore",
+            arms=("resume",),
+            by=("trainables",),
+            planter=_PerturbWeight(),
+        ),
     )
 }
 """Every fault pytest-sprite plants, by name."""
 
-_RESERVED: Final = {
-    "dropped-optimizer-state": "the checkpoint resume check",
-    "reset-lr-scheduler": "the checkpoint resume check",
-    "perturbed-weight": "the checkpoint resume check",
-}
+_RESERVED: Final[dict[str, str]] = {}
 """The seed's faults that a later version plants; each becomes a :data:`FAULTS` entry and leaves this table."""
 
 

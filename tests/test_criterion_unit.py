@@ -32,11 +32,11 @@ from pytest_sprite.errors import SpriteUsageError  # noqa: E402
 from pytest_sprite.records import (  # noqa: E402
     BF16_ARMS,
     Bf16ArmRecord,
+    Bf16StepRecord,
     CommConfig,
     LinearCall,
     RankStep,
     RecipeIdentity,
-    StepRecord,
     tensor_digest,
 )
 
@@ -129,7 +129,9 @@ def make_arms(n: int = 2, *, initial_scale: float = 1.0) -> dict[str, Bf16ArmRec
                 linear=calls,
             )
             steps.append(
-                StepRecord(rows=shards, grads=dict(grads[s]), params=dict(params[s]), ranks=(rank,) * world)
+                Bf16StepRecord(
+                    rows=shards, grads=dict(grads[s]), params=dict(params[s]), ranks=(rank,) * world
+                )
             )
         arms[arm] = Bf16ArmRecord(
             arm=arm,

@@ -15,16 +15,16 @@ from pytest_sprite import (
     SpriteUsageError,
     expect_fault_rejected,
 )
+from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.faults import CLEAN, Planter, PlantSite, get_fault, plant
 
 pytestmark = pytest.mark.cpu
 
-KNOWN = "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update"
-RESERVED = (
-    "dropped-optimizer-state",
-    "reset-lr-scheduler",
-    "perturbed-weight",
+KNOWN = (
+    "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update, "
+    "dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
 )
+RESERVED: tuple[str, ...] = ()  # every fault of the seed is planted now (criterion and resume merged)
 
 
 def failure(*checks: tuple[str, str, str | None]) -> AssertionFailure:
@@ -128,7 +128,8 @@ def test_unknown_check_in_by_lists_the_known_checks() -> None:
     assert str(exc.value) == (
         "expect_fault_rejected('missing-rank', by='gradient'): unknown check 'gradient'; known checks: "
         "initial, rows, pre_norm, post_norm, update, frozen, synchronized, metadata, steps, comm, clip, grads, "
-        "dtype, gradients, tensor_updates, gate"
+        "dtype, gradients, tensor_updates, gate, trainables, optimizer_state, param_groups, lr_scheduler, loop, "
+        "first_loss, lr"
     )
 
 
@@ -154,7 +155,7 @@ def test_every_registered_fault_has_a_planter_and_known_checks(name: str) -> Non
     assert fault.name == name and fault.description and fault.arms
     assert isinstance(fault.planter, Planter) and fault.planter is not CLEAN
     assert fault.planter.hooks(), f"{name}'s planter overrides no hook, so planting it changes nothing"
-    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(CRITERION_CHECKS)
+    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(CRITERION_CHECKS) | set(RESUME_CHECKS)
     for kind, checks in fault.by_assertion.items():
         assert kind == "criterion_v2" and checks and set(checks) <= set(CRITERION_CHECKS)
     assert CLEAN.hooks() == ()

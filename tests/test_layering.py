@@ -86,6 +86,7 @@ def _p(name: str) -> str:
                 "errors",
                 "lightning",
                 "world",
+                "subworld",
                 "_device",
                 "_settings",
                 "_timing",
@@ -94,6 +95,8 @@ def _p(name: str) -> str:
         ),
         # Results and progress lines: stdlib and pytest, plus the in-rank world to know the rank.
         ("_results", ("world",)),
+        # Sub-worlds fork fresh ranks: the world they hand the function, device choice and rank variables.
+        ("subworld", ("world", "errors", "_device", "_rankenv", "_ranges", "_timing")),
         ("records", ("errors",)),
         ("faults", ("errors",)),
         ("_device", ()),

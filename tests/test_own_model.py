@@ -2,7 +2,8 @@
 
 A small classifier with a frozen layer (tests/own_models.py) at 2 and 3 ranks: single, ddp and fsdp agree;
 the catalogued loss-level faults and a DDP strategy that divides the summed gradients by 2N are rejected;
-accumulation matches the full batch; criterion v2 passes in bf16-mixed and rejects its DDP-only controls.
+accumulation matches the full batch; criterion v2 passes in bf16-mixed and rejects its DDP-only controls;
+a ddp fit of it killed after its checkpoint resumes bit for bit.
 A body we did not write (Lightning's docs autoencoder) passes too.
 
 Only ranks tests live here (see tests/test_recipe_ranks.py); the in-process ones are in test_own_model_unit.py.
@@ -29,6 +30,7 @@ from pytest_sprite import (
     SpriteUsageError,
     assert_criterion_v2,
     assert_parity,
+    assert_resume_bitexact,
     expect_fault_rejected,
 )
 from pytest_sprite.lightning import XPUDDPStrategy
@@ -222,3 +224,20 @@ def test_fp32_backbone_needs_a_backbone_and_is_refused_by_name(world: Any) -> No
         "fault 'fp32-backbone' needs the recipe's backbone module, and recipe 'mlp' names none; "
         "pass Recipe(backbone='<module name>') to plant it"
     )
+
+
+@pytest.mark.ranks(2)
+def test_own_model_resume_is_bit_exact_for_ddp(world: Any) -> None:
+    """The resume check on the recipe's own model: killed, resumed in new processes, restored bit for bit."""
+    result = assert_resume_bitexact(MLP, strategy="ddp")
+    assert result.passed and [a.label for a in result.arms] == ["ddp resume", "ddp reload", "ddp export"]
+    assert result.twin == "reproduces the fit bit for bit"
+
+
+@pytest.mark.slow
+@pytest.mark.ranks(2)
+def test_own_model_resume_rejects_a_perturbed_weight_and_reshards(world: Any) -> None:
+    with expect_fault_rejected("perturbed-weight") as rejection:
+        assert_resume_bitexact(MLP, strategy="ddp", fault="perturbed-weight", export=False)
+    assert rejection.evidence.checks[0] == "trainables"
+    assert assert_resume_bitexact(MLP, strategy="fsdp", reshard=True).reshard_ranks == 1

@@ -183,3 +183,25 @@ def test_default_linear_sites_are_every_linear_and_named_ones_must_exist() -> No
 def test_default_shard_is_a_callable_for_shard() -> None:
     recipe = Recipe(name="m", model=FrozenMLP, rows=mlp_rows, loss=mlp_loss, shard=default_shard)
     assert recipe.shard is default_shard
+
+
+def test_the_resume_check_refuses_a_recipe_that_does_not_pickle() -> None:
+    recipe = Recipe(name="lambdas", model=lambda: FrozenMLP(), rows=mlp_rows, loss=mlp_loss)
+    with pytest.raises(SpriteUsageError) as exc:
+        recipe.resume_roles(strategy="single")
+    assert str(exc.value).startswith(
+        "recipe 'lambdas': the resume check runs its roles in fresh processes, so the recipe must pickle, and it "
+        "does not (AttributeError: Can't pickle local object "
+    )
+    assert str(exc.value).endswith(
+        "define model, rows and loss as top-level functions or classes of a module, not lambdas or nested functions"
+    )
+
+
+def test_own_model_is_crash_consistent(tmp_path: Any) -> None:
+    """The crash matrix on the recipe's own model: killed at file events of its saves, resumed, judged."""
+    from pytest_sprite import assert_crash_consistent
+
+    matrix = assert_crash_consistent(MLP, strategy="single", out_dir=tmp_path / "chaos", max_points=3)
+    assert matrix.target == "mlp single"
+    assert matrix.rows and all(r.verdict in ("PASS", "LOST_WORK") for r in matrix.rows)

@@ -195,8 +195,7 @@ def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:
         (
             "single",
             {"fault": "perturbed-weight"},
-            "fault 'perturbed-weight' is reserved for the checkpoint resume check and not planted by this "
-            "version; faults it plants: missing-rank, wrong-scale, accumulate-sum, fp32-backbone, ",
+            "fault 'perturbed-weight' applies to arms resume, not 'single'",
         ),
         (
             "single",

@@ -16,6 +16,7 @@ from typing import Any
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.criterion_v2 import CRITERION_CHECKS
 from pytest_sprite.assertions.parity import PARITY_CHECKS
+from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import get_fault
 
@@ -70,7 +71,7 @@ class expect_fault_rejected:
         self.description = entry.description
         self._entry = entry
         required = (by,) if isinstance(by, str) else tuple(by) if by is not None else None
-        known = tuple(dict.fromkeys((*PARITY_CHECKS, *CRITERION_CHECKS)))
+        known = tuple(dict.fromkeys((*PARITY_CHECKS, *CRITERION_CHECKS, *RESUME_CHECKS)))
         unknown = [c for c in required or () if c not in known]
         if unknown:
             raise SpriteUsageError(

@@ -297,6 +297,17 @@ def _die_with_parent(agent_pid: int) -> None:
         os._exit(1)
 
 
+def _start_zygote(control: socket.socket, write_fd: int) -> None:
+    """Fork this rank's sub-world zygote now, while no device or process group exists (issue 11).
+
+    Sub-worlds started by the test fork their ranks from it, so they start as fresh as this child did;
+    it costs one fork made while the spare waits for its test, and ends with this child.
+    """
+    from .. import subworld
+
+    subworld._set_zygote(subworld.Zygote.start(close_fds=(control.fileno(), write_fd)))
+
+
 def run_spare(
     *,
     control: socket.socket,
@@ -315,6 +326,7 @@ def run_spare(
     _die_with_parent(agent_pid)
     redirect_output(run_dir / "output.log", stdin_devnull=True)
     _install_stack_dumps(run_dir)
+    _start_zygote(control, write_fd)
     message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
     control.close()
     if not message:

@@ -42,11 +42,11 @@ from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 from pytest_sprite.records import (
     BF16_SINGLE_DEVICE_ARMS,
     Bf16ArmRecord,
+    Bf16StepRecord,
     CommConfig,
     LinearCall,
     RankStep,
     RecipeIdentity,
-    StepRecord,
     tensor_digest,
 )
 from pytest_sprite.world import World
@@ -563,7 +563,7 @@ def _record(
             trace.rows[s] if plan.arm in BF16_SINGLE_DEVICE_ARMS else tuple(r["rows"][s][0] for r in per_rank)
         )
         steps.append(
-            StepRecord(
+            Bf16StepRecord(
                 rows=rows,
                 grads=trace.grads[s],
                 params=trace.params[s],

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
 from pytest_sprite.recipes.recipe import Recipe
-from pytest_sprite.records import ArmRecord, Bf16ArmRecord
+from pytest_sprite.records import ArmRecord, Bf16ArmRecord, ResumeRun
 
 if TYPE_CHECKING:
     import torch
@@ -177,6 +177,34 @@ class LoraQwen:
         )
         self.records.append(record)
         return record
+
+    def resume_roles(
+        self,
+        *,
+        strategy: str,
+        precision: str = "32-true",
+        reshard: bool = False,
+        export: bool | None = None,
+        fault: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> ResumeRun:
+        """Every role of the checkpoint resume check, each in its own sub-world (``assert_resume_bitexact``).
+
+        The seed's Checkpoints recipe on this model and seed: AdamW, a per-step LR schedule, global-norm
+        clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks. Call it on every rank.
+        """
+        from pytest_sprite.recipes.resume import resume_roles
+
+        return resume_roles(
+            self,
+            strategy=strategy,
+            precision=precision,
+            reshard=reshard,
+            export=export,
+            fault=fault,
+            directory=directory,
+            world=self.world,
+        )
 
     @property
     def recipe(self) -> Recipe:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pytest_sprite._results import progress
 from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import PlantSite, get_fault
+from pytest_sprite.recipes._shard import default_shard
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_STEPS
 from pytest_sprite.records import (
     ARMS,
@@ -34,6 +36,7 @@ from pytest_sprite.records import (
     ArmRecord,
     Bf16ArmRecord,
     RecipeIdentity,
+    ResumeRun,
 )
 
 if TYPE_CHECKING:
@@ -226,6 +229,53 @@ class Recipe:
             strategy=strategy,
         )
 
+    def resume_roles(
+        self,
+        *,
+        strategy: str,
+        precision: str = FP32_PRECISION,
+        reshard: bool = False,
+        export: bool | None = None,
+        fault: str | None = None,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> ResumeRun:
+        """Every role of the checkpoint resume check on this recipe, each in its own sub-world.
+
+        What ``assert_resume_bitexact(recipe, ...)`` calls: the seed's Checkpoints recipe (AdamW, a per-step
+        LR schedule, global-norm clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks) trained
+        on this recipe's model, rows and loss. Call it on every rank. The roles run in fresh processes, so
+        the recipe must pickle: its callables must be top-level functions or classes, not lambdas.
+        """
+        import pickle
+
+        from pytest_sprite.recipes.resume import resume_roles
+        from pytest_sprite.world import current_world
+
+        world = current_world()
+        try:
+            pickle.dumps(self)
+        except Exception as exc:
+            raise SpriteUsageError(
+                f"recipe {self.name!r}: the resume check runs its roles in fresh processes, so the recipe must "
+                f"pickle, and it does not ({type(exc).__name__}: {exc}); define model, rows and loss as "
+                "top-level functions or classes of a module, not lambdas or nested functions"
+            ) from exc
+        size = world.size if world is not None else 1
+        # The same refusals as an arm's, before any role starts: the roles train 3 steps of 2 x ranks rows.
+        draw_rows(self, 3 * 2 * size, world if world is not None else _world_of_one())
+        build_model(self)
+        return resume_roles(
+            self,
+            strategy=strategy,
+            precision=precision,
+            reshard=reshard,
+            export=export,
+            fault=fault,
+            directory=directory,
+            world=world,
+            source=self,
+        )
+
 
 def _world_of_one() -> World:
     """The world of a test that runs without the ranks marker (and did not ask for the world fixture)."""
@@ -364,30 +414,6 @@ def check_same_model_everywhere(recipe: Recipe, model: torch.nn.Module, world: W
             f"by rank: {', '.join(d[:12] for d in digests)}); the harness seeds torch before calling it, so "
             "draw every initial weight from torch's RNG (or a seeded generator), never from the process or rank"
         )
-
-
-def default_shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    """FSDP2 units when a recipe gives no ``shard``: Hugging Face's ``_no_split_modules`` rule when the model
-    declares blocks that way, else every direct child that holds trainables; then the root.
-
-    Idempotent like ``shard_model`` (Lightning calls ``configure_model`` again for a later stage).
-    """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    from pytest_sprite.lightning import shard_model
-
-    if isinstance(model, FSDPModule):
-        return
-    declared: set[str] = set()
-    for sub in model.modules():
-        declared.update(getattr(sub, "_no_split_modules", None) or ())
-    if any(type(sub).__name__ in declared for sub in model.modules() if sub is not model):
-        shard_model(model, mesh)
-        return
-    for child in model.children():
-        if any(p.requires_grad for p in child.parameters()) and not isinstance(child, FSDPModule):
-            fully_shard(child, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def linear_sites(recipe: Recipe, model: torch.nn.Module) -> dict[str, str]:

@@ -1,0 +1,142 @@
+"""Wall time of one resume check per strategy, and what its process start-up costs: forks against interpreters.
+
+Runs every role of ``assert_resume_bitexact`` (fit, twin, killed fit, resume, reload, and reshard or export
+where the strategy has them) at ``--ranks`` ranks from this process, the way a plain test's sub-worlds run:
+each role's ranks are forked from here. For each strategy it prints the check's wall time, the sum of the
+roles' start-up (fork until every rank had its rendezvous details), and the verdict. Then it runs the same
+roles of one strategy again with every rank started as a new Python interpreter (same rank code, same
+roles), side by side with the forks. Figures only, never a timed assertion; on a shared 2-core machine
+they are noisy, so read them as an order of magnitude.
+
+    OMP_NUM_THREADS=1 python bench/resume.py [--ranks 4] [--strategies single ddp fsdp fsdp_file]
+                                             [--precision 32-true] [--interpreters ddp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+# Loaded here once, so every forked rank starts with them (as a test module's imports do for test children).
+import lightning.pytorch  # noqa: F401
+import peft  # noqa: F401
+import transformers  # noqa: F401
+
+from pytest_sprite import subworld
+from pytest_sprite.assertions.resume import judge_resume
+from pytest_sprite.recipes._resume import ResumeRecipe
+from pytest_sprite.recipes.resume import run_resume_roles
+
+# The seed's checkpoint cells on 4 A100s (one run each): verdicts only; the seed prints no timings.
+SEED = """\
+AC32: A100 n4, FP32  4  8  4 → 2  pass; 12 faults rejected
+ACB: A100 n4, BF16   4  8  4 → 2  pass; 12 faults rejected"""
+
+
+class _Interpreters:
+    """Starts each rank as ``python -c ...`` running the same rank code a fork runs (for comparison only)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.files: list[str] = []
+
+    def spawn(self, payload: bytes, channel: Any) -> int:
+        fd, path = tempfile.mkstemp(prefix="sprite-bench-payload-")
+        os.write(fd, payload)
+        os.close(fd)
+        self.files.append(path)
+        code = (
+            "import socket, sys\n"
+            "from pytest_sprite.subworld import _rank_main\n"
+            f"_rank_main(open({path!r}, 'rb').read(), socket.socket(fileno={channel.fileno()}))\n"
+        )
+        proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[channel.fileno()])
+        self.procs[proc.pid] = proc
+        return proc.pid
+
+    def poll(self) -> dict[int, int]:
+        done = {}
+        for pid in list(self.procs):
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                done[pid] = status
+                del self.procs[pid]
+                self.procs.pop(pid, None)
+        return done
+
+
+def one_check(strategy: str, ranks: int, precision: str) -> dict[str, Any]:
+    recipe = ResumeRecipe(global_batch=2 * ranks)
+    with tempfile.TemporaryDirectory(prefix="sprite-bench-resume-") as root:
+        start = time.perf_counter()
+        run = run_resume_roles(
+            recipe,
+            strategy=strategy,
+            precision=precision,
+            ranks=ranks,
+            directory=root,
+            reshard=strategy == "fsdp",
+        )
+        wall = time.perf_counter() - start
+    result = judge_resume(run)
+    return {
+        "wall": wall,
+        "startup": sum(s for _, s in run.timings.values()),
+        "roles": run.timings,
+        "verdict": "pass" if result.passed else "FAIL",
+        "result": result,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--strategies", nargs="+", default=["single", "ddp", "fsdp", "fsdp_file"])
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument(
+        "--interpreters", nargs="*", default=["ddp"], help="strategies to rerun with new interpreters"
+    )
+    args = parser.parse_args()
+
+    print(f"resume check, {args.ranks} ranks, {args.precision}, tiny Qwen2 on CPU (gloo); sub-worlds by fork")
+    print(f"{'strategy':<10} {'check s':>8} {'start-up s':>11}  roles (wall s / start-up s)  verdict")
+    results = {}
+    for strategy in args.strategies:
+        fig = one_check(strategy, args.ranks, args.precision)
+        results[strategy] = fig
+        roles = " ".join(f"{k} {w:.1f}/{s:.2f}" for k, (w, s) in fig["roles"].items())
+        print(f"{strategy:<10} {fig['wall']:>8.1f} {fig['startup']:>11.2f}  {roles}  {fig['verdict']}")
+
+    for strategy in args.interpreters:
+        subworld._PLAIN_FORKER = _Interpreters
+        try:
+            fig = one_check(strategy, args.ranks, args.precision)
+        finally:
+            subworld._PLAIN_FORKER = None
+        fork = results.get(strategy) or one_check(strategy, args.ranks, args.precision)
+        print()
+        print(f"{strategy}: the same roles, ranks started by fork against new interpreters")
+        print(f"{'':<14} {'check s':>8} {'start-up s':>11}")
+        print(f"{'fork':<14} {fork['wall']:>8.1f} {fork['startup']:>11.2f}")
+        print(f"{'interpreter':<14} {fig['wall']:>8.1f} {fig['startup']:>11.2f}   ({fig['verdict']})")
+        print(
+            "(an interpreter's start-up shows up inside the role's wall time: its imports run after the rank started)"
+        )
+
+    print()
+    print("verdict tables of this run beside the seed's A100 cells:")
+    for fig in results.values():
+        print(fig["result"].verdict_table().splitlines()[-1])
+    print(SEED)
+    print()
+    for fig in results.values():
+        print(fig["result"].gaps_table())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""Run the roles of one checkpoint-resume check, each in its own sub-world, and collect their records.
+
+The order is the seed's: an uninterrupted fit and its twin; a fit killed one step past its epoch-1
+checkpoint; a resume of that checkpoint in fresh processes (with a fault planted after the restore, for a
+negative control); a reload of the checkpoint the resume wrote at its end; for FSDP2 a resume at half the
+world (``reshard``); for DDP and full-state FSDP2 a resume on one device (``export``). Importing this module
+imports no torch; the roles load it in their own processes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.records import ResumeRun, RoleRecord
+from pytest_sprite.subworld import KillAt, SubworldError, SubworldResult, run_subworld
+from pytest_sprite.world import World
+
+__all__ = ["EXPORTED", "PRECISIONS", "RESHARDED", "resume_roles", "run_resume_roles"]
+
+RESHARDED: tuple[str, ...] = ("fsdp",)
+"""Strategies whose checkpoint also resumes at half the world size (torch.distributed.checkpoint reshards)."""
+EXPORTED: tuple[str, ...] = ("ddp", "fsdp_file")
+"""Strategies whose checkpoint is one full-state file that also loads on one device."""
+PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
+"""The seed's checkpoint cells: FP32 and BF16 autocast."""
+
+
+def _records(result: SubworldResult, *, killed: bool, directory: Path) -> tuple[RoleRecord, ...]:
+    from pytest_sprite.recipes._resume import records_from_events
+
+    written = tuple(sorted(p.name for p in directory.glob("*.ckpt"))) if directory.is_dir() else ()
+    return tuple(
+        records_from_events(list(o.events), killed=killed and o.status == "killed", checkpoints=written)
+        for o in result.outcomes
+    )
+
+
+def run_resume_roles(
+    recipe: Any,
+    *,
+    strategy: str,
+    precision: str,
+    ranks: int,
+    directory: str | os.PathLike[str],
+    reshard: bool = False,
+    export: bool | None = None,
+    fault: str | None = None,
+    timeout: float = 300.0,
+) -> ResumeRun:
+    """Run every role of one check in sub-worlds of ``ranks`` processes; call it on every rank of the test.
+
+    ``recipe`` is a :class:`~pytest_sprite.recipes._resume.ResumeRecipe`. Checkpoints go under
+    ``directory`` (one subdirectory per role), which every rank must see. ``export`` defaults to True for
+    the strategies whose checkpoint is one file (ddp, fsdp_file).
+    """
+    from pytest_sprite.recipes._resume import RoleSpec, run_role
+
+    if reshard and strategy not in RESHARDED:
+        raise SpriteUsageError(
+            f"reshard=True resumes a sharded checkpoint at half the world; strategy {strategy!r} writes no "
+            f"sharded checkpoint (reshard runs for: {', '.join(RESHARDED)})"
+        )
+    if export is None:
+        export = strategy in EXPORTED
+    if export and strategy not in EXPORTED:
+        raise SpriteUsageError(
+            f"export=True loads a full-state checkpoint on one device; strategy {strategy!r} does not write "
+            f"one (export runs for: {', '.join(EXPORTED)})"
+        )
+    n = 1 if strategy == "single" else ranks
+    if reshard and (n < 2 or n % 2):
+        raise SpriteUsageError(
+            f"reshard=True resumes at half the world: {n} ranks do not halve; run the test on an even number"
+        )
+    root = Path(directory)
+    roles: dict[str, tuple[RoleRecord, ...]] = {}
+    timings: dict[str, tuple[float, float]] = {}
+
+    def run(role: str, size: int, *, kill: KillAt | None = None, **spec_fields: Any) -> SubworldResult:
+        spec = RoleSpec(
+            role=role,
+            strategy=spec_fields.pop("strategy", strategy),
+            precision=precision,
+            recipe=recipe,
+            directory=str(root / role),
+            **spec_fields,
+        )
+        result = run_subworld(run_role, args=(spec,), ranks=size, kill=kill, timeout=timeout)
+        timings[role] = (result.wall_s, result.start_s)
+        if kill is None and not result.ok:
+            raise SubworldError(
+                f"the {role} role of the resume check did not finish:\n{result.report()}", result
+            )
+        roles[role] = _records(result, killed=kill is not None, directory=root / role)
+        return result
+
+    run("fit", n)
+    run("twin", n)
+    kill_step = recipe.steps_per_epoch + 1
+    killed = run("killed", n, kill=KillAt(event="step", at=kill_step))
+    if killed.killed() != list(range(n)):
+        raise SubworldError(
+            f"the killed role should have died at step {kill_step} on every rank, one step past its epoch-1 "
+            f"checkpoint:\n{killed.report()}",
+            killed,
+        )
+    checkpoint = str(root / "killed" / "epoch=0.ckpt")
+    run("resume", n, resume_from=checkpoint, fault=fault)
+    final = str(root / "resume" / f"epoch={recipe.epochs - 1}.ckpt")
+    run("reload", n, resume_from=final, max_epochs=recipe.epochs + 1, stop_after_restore=True)
+    if reshard:
+        run("reshard", n // 2, resume_from=checkpoint)
+    if export:
+        run("export", 1, strategy="single", resume_from=checkpoint)
+    first = roles["fit"][0]
+    return ResumeRun(
+        strategy=strategy,
+        precision=precision,
+        ranks=n,
+        global_batch=recipe.global_batch,
+        steps_per_epoch=recipe.steps_per_epoch,
+        epochs=recipe.epochs,
+        fault=fault,
+        roles=roles,
+        timings=timings,
+        device_type=_device_type(first),
+    )
+
+
+def _device_type(record: RoleRecord) -> str:
+    devices = record.saves[0].param_devices if record.saves else {}
+    return next(iter(devices.values()), "cpu").split(":")[0]
+
+
+def resume_roles(
+    recipe: Any,
+    *,
+    strategy: str,
+    precision: str,
+    reshard: bool,
+    export: bool | None,
+    fault: str | None,
+    directory: str | os.PathLike[str] | None,
+    world: World | None,
+    source: Any = None,
+) -> ResumeRun:
+    """``lora_qwen.resume_roles`` / ``Recipe.resume_roles``: check the arguments, share a checkpoint
+    directory, run every role. ``source`` is a project's :class:`~pytest_sprite.Recipe` (its model, rows,
+    loss and sharding), None for lora_qwen's."""
+    from pytest_sprite.recipes._resume import RESUME_FAULTS, STRATEGIES, ResumeRecipe
+
+    if strategy not in STRATEGIES:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(strategy={strategy!r}): use one of {', '.join(STRATEGIES)}"
+        )
+    if precision not in PRECISIONS:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(precision={precision!r}): use one of {', '.join(PRECISIONS)} (the seed's cells)"
+        )
+    if fault is not None and fault not in RESUME_FAULTS:
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(fault={fault!r}): the faults planted after a restore are "
+            f"{', '.join(RESUME_FAULTS)}"
+        )
+    size = world.size if world is not None else 1
+    if strategy != "single" and (world is None or not world.distributed or size < 2):
+        raise SpriteUsageError(
+            f"assert_resume_bitexact(strategy={strategy!r}) needs the ranks of a test marked "
+            "@pytest.mark.ranks(n) with n >= 2; this test runs on one process"
+        )
+    resume_recipe = ResumeRecipe(
+        source=source,
+        seed=int(getattr(recipe, "seed", 0)),
+        qwen_path=str(recipe.qwen_path) if getattr(recipe, "qwen_path", None) is not None else None,
+        seq_len=int(getattr(recipe, "seq_len", 8)),
+        global_batch=2 * size,
+    )
+    return run_resume_roles(
+        resume_recipe,
+        strategy=strategy,
+        precision=precision,
+        ranks=size,
+        directory=_shared_directory(directory, world),
+        reshard=reshard,
+        export=export,
+        fault=fault,
+    )
+
+
+def _shared_directory(directory: str | os.PathLike[str] | None, world: World | None) -> str:
+    """A fresh directory every rank uses: made by rank 0 and broadcast (the ranks share its filesystem)."""
+    import tempfile
+
+    if directory is not None:
+        path = os.fspath(directory)
+    elif world is None or world.rank == 0:
+        path = tempfile.mkdtemp(prefix="sprite-resume-")
+    else:
+        path = ""
+    if world is not None and world.distributed:
+        path = world.broadcast_object(path)
+    os.makedirs(path, exist_ok=True)
+    return path

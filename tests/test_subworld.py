@@ -1,0 +1,166 @@
+"""Sub-worlds from a plain test (a world of its own): results, kill points, crashes, timeouts, refusals."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_sprite import KillAt, SubworldError, run_subworld
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.subworld import KillPoint, emit, in_subworld, kill_point
+
+pytestmark = pytest.mark.cpu
+
+
+def where_am_i(world: Any, base: float) -> dict[str, Any]:
+    t = torch.tensor([base + world.rank])
+    dist.all_reduce(t)
+    return {
+        "rank": world.rank,
+        "size": world.size,
+        "env": (os.environ["RANK"], os.environ["WORLD_SIZE"]),
+        "sum": t.item(),
+        "pid": os.getpid(),
+        "inside": in_subworld(),
+    }
+
+
+def steps(world: Any, n: int) -> str:
+    for step in range(1, n + 1):
+        emit("step", (world.rank, step))
+        kill_point("step", step)
+        dist.barrier()
+    return "done"
+
+
+def files(world: Any, n: int) -> int:
+    for i in range(n):
+        kill_point("file", detail=f"shard_{i}.distcp")
+        emit("file", i)
+    return n
+
+
+def crash(world: Any) -> None:
+    dist.barrier()
+    if world.rank == 0:
+        os._exit(3)
+    dist.barrier()
+
+
+def fail(world: Any) -> None:
+    if world.rank == 1:
+        raise ValueError(f"boom on rank {world.rank}")
+    dist.barrier()
+
+
+def nest(world: Any) -> Any:
+    return run_subworld(where_am_i, args=(0.0,))
+
+
+def hang(world: Any) -> None:
+    time.sleep(60)
+
+
+def test_results_come_back_from_every_rank() -> None:
+    result = run_subworld(where_am_i, args=(1.0,), ranks=3)
+    values = result.values()
+    assert [v["rank"] for v in values] == [0, 1, 2]
+    assert {v["size"] for v in values} == {3}
+    assert [v["env"] for v in values] == [("0", "3"), ("1", "3"), ("2", "3")]
+    assert {v["sum"] for v in values} == {1.0 + 2.0 + 3.0}
+    assert len({v["pid"] for v in values} | {os.getpid()}) == 4  # fresh processes, not this one
+    assert all(v["inside"] for v in values) and not in_subworld()
+    assert result.ok and result.size == 3 and result.start_s <= result.wall_s
+    assert result.report() == "sub-world where_am_i (3 ranks):\n  ranks 0-2: returned"
+
+
+def test_a_rank_killed_at_a_step_ends_its_sub_world_and_is_reported_by_rank() -> None:
+    result = run_subworld(steps, args=(5,), ranks=3, kill=KillAt(event="step", at=3, ranks=(1,)))
+    assert result.killed() == [1]
+    killed = result.outcomes[1]
+    assert killed.killed_at == KillPoint(rank=1, event="step", count=3, index=3, detail="")
+    assert killed.signum == 9
+    assert killed.emitted("step") == [(1, 1), (1, 2), (1, 3)]  # what it sent before dying came back
+    for rank in (0, 2):
+        assert result.outcomes[rank].status == "ended"
+        assert result.outcomes[rank].error == "rank 1 was killed at step 3"
+    assert result.report() == (
+        "sub-world steps (3 ranks):\n  ranks 0, 2: ended: rank 1 was killed at step 3\n"
+        "  rank 1: killed at step 3 (signal 9)"
+    )
+    with pytest.raises(SubworldError, match="rank 1: killed at step 3") as info:
+        result.values()
+    assert info.value.result is result
+    # The test that started it carries on, and a next sub-world runs normally.
+    assert run_subworld(steps, args=(2,), ranks=2).values() == ["done", "done"]
+
+
+def test_every_rank_killed_at_the_same_step() -> None:
+    result = run_subworld(steps, args=(5,), ranks=2, kill=KillAt(event="step", at=2))
+    assert result.killed() == [0, 1]
+    assert [o.emitted("step")[-1] for o in result.outcomes] == [(0, 2), (1, 2)]
+
+
+def test_kill_inside_the_nth_file_event() -> None:
+    result = run_subworld(files, args=(5,), ranks=2, kill=KillAt(event="file", at=3, ranks=(0,)))
+    killed = result.outcomes[0]
+    assert killed.killed_at == KillPoint(rank=0, event="file", count=3, index=None, detail="shard_2.distcp")
+    assert killed.emitted("file") == [0, 1]
+    assert killed.describe() == "killed at file #3 (shard_2.distcp) (signal 9)"
+    assert result.outcomes[1].status in ("returned", "ended")  # it may finish before it hears
+
+
+def test_a_crash_is_reported_with_its_exit_code() -> None:
+    result = run_subworld(crash, ranks=2)
+    assert result.outcomes[0].status == "crashed"
+    assert result.outcomes[0].exitcode == 3
+    assert result.outcomes[0].describe() == "crashed (exit code 3)"
+    assert result.outcomes[1].status == "ended"
+
+
+def test_an_exception_comes_back_with_its_traceback() -> None:
+    result = run_subworld(fail, ranks=2)
+    assert result.outcomes[1].status == "raised"
+    assert "ValueError: boom on rank 1" in result.outcomes[1].error
+    assert result.outcomes[1].describe() == "raised ValueError: boom on rank 1"
+    assert result.outcomes[0].status in ("ended", "raised")
+
+
+def test_nested_sub_worlds_are_refused() -> None:
+    result = run_subworld(nest, ranks=1)
+    assert result.outcomes[0].status == "raised"
+    assert (
+        "SpriteUsageError: run_subworld cannot be nested: this process is already a rank of a sub-world. "
+        "Start every sub-world from the test itself, one after another"
+    ) in result.outcomes[0].error
+
+
+def test_a_hung_sub_world_times_out_with_its_stacks() -> None:
+    result = run_subworld(hang, ranks=1, timeout=3)
+    outcome = result.outcomes[0]
+    assert outcome.status == "timeout"
+    assert outcome.error == "did not finish within the sub-world's timeout of 3 s"
+    assert "in hang" in outcome.output  # faulthandler's stack of the rank
+    assert result.wall_s < 30
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(SpriteUsageError, match=r"must be picklable.*use a module-level function"):
+        run_subworld(lambda world: None)
+    with pytest.raises(SpriteUsageError, match=r"run_subworld\(ranks=0\): a positive int"):
+        run_subworld(where_am_i, args=(0.0,), ranks=0)
+    with pytest.raises(SpriteUsageError, match=r"kill= must be a kill plan with should_kill\(point\)"):
+        run_subworld(where_am_i, args=(0.0,), kill="step 3")  # type: ignore[arg-type]
+    with pytest.raises(SpriteUsageError, match=r"KillAt\(at=-1\): a non-negative int"):
+        KillAt(event="step", at=-1)
+
+
+def test_kill_point_and_emit_do_nothing_outside_a_sub_world() -> None:
+    emit("x", 1)
+    kill_point("step", 1)
+    assert not in_subworld()

@@ -1,0 +1,94 @@
+"""Sub-worlds inside ranks tests: real pytest sessions whose tests start fresh worlds of their own."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.cpu
+
+TIMEOUT = 240
+
+FUNCTIONS = """
+import os
+import torch
+import torch.distributed as dist
+from pytest_sprite.subworld import emit, kill_point, run_subworld
+
+def where(world, base):
+    t = torch.tensor([base + world.rank])
+    dist.all_reduce(t)
+    return (world.rank, world.size, t.item(), os.getpid(), os.environ["MASTER_PORT"])
+
+def steps(world, n):
+    for step in range(1, n + 1):
+        emit("step", step)
+        kill_point("step", step)
+        dist.barrier()
+    return "done"
+
+def nest(world):
+    return run_subworld(where, args=(0.0,))
+"""
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "240")
+
+
+def test_sub_worlds_inside_ranks_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(subfns=FUNCTIONS)
+    pytester.makepyfile(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+        from pytest_sprite import KillAt, SubworldError, run_subworld
+        from pytest_sprite.errors import SpriteUsageError
+        from subfns import nest, steps, where
+
+        @pytest.mark.ranks(2)
+        def test_results_from_every_rank(world):
+            result = run_subworld(where, args=(1.0,))
+            values = result.values()
+            assert [v[:3] for v in values] == [(0, 2, 3.0), (1, 2, 3.0)]
+            assert os.getpid() not in {v[3] for v in values}
+            assert values[0][4] != os.environ["MASTER_PORT"]  # a fresh rendezvous
+            assert world.gather_object(result.report()) == [result.report()] * 2  # the same on every rank
+            assert dist.get_world_size() == 2  # the test's own process group is untouched
+
+        @pytest.mark.ranks(4)
+        def test_fewer_ranks(world):
+            result = run_subworld(where, args=(0.0,), ranks=2)
+            assert [v[:3] for v in result.values()] == [(0, 2, 1.0), (1, 2, 1.0)]
+
+        @pytest.mark.ranks(2)
+        def test_killed_at_a_step(world):
+            result = run_subworld(steps, args=(5,), kill=KillAt(event="step", at=3, ranks=(1,)))
+            assert result.killed() == [1]
+            assert result.outcomes[1].emitted("step") == [1, 2, 3]
+            assert result.outcomes[0].status == "ended"
+            print(result.report())
+            with pytest.raises(SubworldError):
+                result.values()
+            # the test carries on: another sub-world, then the test's own collective
+            assert run_subworld(steps, args=(2,)).values() == ["done", "done"]
+            world.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_nested_refused(world):
+            result = run_subworld(nest)
+            assert {o.status for o in result.outcomes} == {"raised"}
+            assert "run_subworld cannot be nested" in result.outcomes[0].error
+
+        @pytest.mark.ranks(2)
+        def test_more_ranks_than_the_test(world):
+            with pytest.raises(SpriteUsageError, match=r"run_subworld\\(ranks=3\\): a sub-world has the same or fewer ranks than the test that starts it, which has 2"):
+                run_subworld(where, args=(0.0,), ranks=3)
+
+        def test_plain_test_is_a_world_of_its_own():
+            assert [v[:3] for v in run_subworld(where, args=(2.0,), ranks=2).values()] == [(0, 2, 5.0), (1, 2, 5.0)]
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=4", "-v", timeout=TIMEOUT)
+    result.assert_outcomes(passed=6)
