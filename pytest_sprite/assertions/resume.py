@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite._ranges import fold_ranks
+from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
@@ -750,7 +751,7 @@ def assert_resume_bitexact(
             fault=fault,
             directory=directory,
         )
-    result = judge_resume(run)
+    result = record_assertion(judge_resume(run))  # no inputs: the runs are not stored, nothing to re-judge
     if not result.passed:
         raise ResumeError(result.report(), failed=result.failed, result=result)
     return result

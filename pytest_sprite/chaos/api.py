@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.assertions.crash_consistency import CrashMatrix, check_crash_matrix
+from pytest_sprite._results import record_assertion
+from pytest_sprite.assertions.crash_consistency import MATRIX_FILE, CrashMatrix, check_crash_matrix
 from pytest_sprite.chaos.events import FileEvent
 from pytest_sprite.errors import SpriteUsageError
 
@@ -108,6 +109,7 @@ def assert_crash_consistent(
         tear=tear,  # type: ignore[arg-type]
         write=world is None or world.rank == 0,
     )
+    record_assertion(matrix, inputs=[out / MATRIX_FILE])  # rank 0 wrote it: a manifest for `judge`
     return check_crash_matrix(matrix)
 
 

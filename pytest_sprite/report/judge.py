@@ -1,10 +1,12 @@
 """``python -m pytest_sprite judge DIR``: judge stored records again, offline, with the same rules.
 
-Every assertion that judged stored records (arms written under ``--sprite-artifacts``) left a manifest
-beside them, ``<kind>-NN.assertion.json``: its kind, its inputs (paths relative to the manifest, so a
-copied directory judges the same) and the result it reached. ``judge`` finds every manifest under DIR,
-hands it to the judge function registered for its kind (:data:`JUDGES`), prints the same tables as the
-terminal summary, and exits 1 when any row's verdict is a failure or differs from the stored one.
+Every assertion that judged stored records (arms written under ``--sprite-artifacts``, a crash matrix
+in its ``out_dir``) left a manifest beside them, ``<kind>-NN.assertion.json``: its kind, its inputs
+(paths relative to the manifest, so a copied directory judges the same) and the result it reached.
+``judge`` finds every manifest under DIR, hands it to the judge function registered for its kind
+(:data:`JUDGES`), prints the same tables as the terminal summary, and exits 1 when any row's verdict is
+a failure or differs from the stored one. A crash ``matrix.json`` stored without a manifest
+(``assert_crash_consistent`` run outside a test) is judged too.
 """
 
 from __future__ import annotations
@@ -70,10 +72,24 @@ def _judge_criterion_v2(stored: Mapping[str, Any], inputs: list[Path]) -> dict[s
     return payload
 
 
+def _judge_crash_consistency(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, Any]:
+    """The stored ``out_dir/matrix.json`` judged again: every row's verdict re-derived from its facts."""
+    from pytest_sprite.assertions.crash_consistency import MATRIX_FILE, judge_crash_matrix
+
+    if len(inputs) != 1 or inputs[0].name != MATRIX_FILE:
+        raise SpriteUsageError(
+            f"a crash_consistency manifest lists one {MATRIX_FILE} (the assertion's out_dir), got "
+            f"{', '.join(map(str, inputs)) or 'none'}"
+        )
+    payload: dict[str, Any] = judge_crash_matrix(inputs[0].parent).to_dict()
+    return payload
+
+
 register_judge("parity", _judge_parity)
 register_judge("criterion_v2", _judge_criterion_v2)
-# resume and crash_consistency (their stored runs and matrices) register theirs here: one function each,
-# from the stored payload and its inputs.
+register_judge("crash_consistency", _judge_crash_consistency)
+# resume registers none: assert_resume_bitexact judges the roles' records in memory (tensors of every
+# rank's restored state) and stores nothing, so there is nothing to judge again offline.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,10 +107,13 @@ class Judged:
         """Rows whose verdict differs from the stored result's: ``label: stored -> now``."""
         kind = get_kind(str(self.result["kind"]))
         before = {r.label: r.verdict for r in kind.rows(self.stored)}
+        after = {r.label: r.verdict for r in kind.rows(self.result)}
+        # A kind may list only some rows (a crash matrix lists the points that did not PASS): a row in
+        # one payload only changed from or to what goes unlisted.
         return [
-            f"{r.label}: {before.get(r.label)} -> {r.verdict}"
-            for r in kind.rows(self.result)
-            if before.get(r.label) != r.verdict
+            f"{label}: {before.get(label, kind.unlisted)} -> {after.get(label, kind.unlisted)}"
+            for label in dict.fromkeys([*after, *before])
+            if before.get(label) != after.get(label)
         ]
 
     @property
@@ -137,9 +156,34 @@ def judge_directory(root: Path) -> list[Judged]:
     """Every manifest under ``root``, judged again, in path order."""
     if not root.is_dir():
         raise SpriteUsageError(f"judge: {root} is not a directory; pass the --sprite-artifacts directory")
+    from pytest_sprite.assertions.crash_consistency import MATRIX_FILE
+
     manifests = sorted(root.rglob("*.assertion.json"))
-    if not manifests:
+    # A crash matrix stored outside a test (a script's out_dir) has no manifest: its matrix.json is one.
+    covered = {m.parent for m in manifests if m.name.startswith("crash_consistency-")}
+    matrices = sorted(p for p in root.rglob(MATRIX_FILE) if p.parent not in covered and _is_matrix(p))
+    if not manifests and not matrices:
         raise SpriteUsageError(
-            f"judge: no *.assertion.json under {root}; run the tests with --sprite-artifacts {root} first"
+            f"judge: no *.assertion.json (nor a crash {MATRIX_FILE}) under {root}; run the tests with "
+            f"--sprite-artifacts {root} first, or pass an assert_crash_consistent out_dir"
         )
-    return [judge_manifest(m, root) for m in manifests]
+    judged = [judge_manifest(m, root) for m in manifests]
+    for path in matrices:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        judged.append(
+            Judged(
+                manifest=path,
+                test_id=str(path.relative_to(root)),
+                stored=stored,
+                result=_judge_crash_consistency(stored, [path]),
+            )
+        )
+    return sorted(judged, key=lambda j: j.manifest)
+
+
+def _is_matrix(path: Path) -> bool:
+    """True for a stored crash matrix (another tool's ``matrix.json`` is left alone)."""
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get("kind") == "crash_consistency")
+    except (ValueError, OSError, AttributeError):
+        return False

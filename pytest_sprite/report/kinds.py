@@ -47,6 +47,9 @@ class Kind:
     """Verdicts that are failures: shown first, and a stored one that re-judges into it fails ``judge``."""
     verdict_order: tuple[str, ...] = ()
     """Order of the counts line (verdicts not listed follow in order of appearance)."""
+    unlisted: str = "(not listed)"
+    """What a row missing from a payload's rows stands for (a crash matrix lists only the points that did
+    not PASS), for ``judge``'s account of verdicts that changed."""
 
 
 KINDS: dict[str, Kind] = {}
@@ -239,9 +242,179 @@ register_kind(
     )
 )
 
-# Further kinds register here, one Kind each, from their payloads' to_dict() fields:
-#   resume             rows per resumed run; verdicts pass / FAIL
-#   crash_consistency  rows per crash point; PASS / HARD_FAIL / SILENT_DIVERGENCE / LOST_WORK
+# -- resume ----------------------------------------------------------------------------------------
+
+RESUME_HEADERS: tuple[str, ...] = (
+    "Run",
+    "Arm",
+    "Ranks",
+    "Global batch",
+    "Reshard ranks",
+    "Failed checks",
+    "Loss gap",
+    "Pre-clip norm gap",
+    "Update gap",
+    "Adam m gap",
+    "Adam v gap",
+)
+RESUME_GAPS: tuple[str, ...] = ("loss", "pre_clip_norm", "update", "adam_m", "adam_v")
+"""The reported continuation gaps of a resumed arm, in the seed's column order."""
+
+
+def _gaps_arm(payload: Mapping[str, Any], arm: Mapping[str, Any]) -> str | None:
+    """The ``gaps`` entry of a restore: the resume's under the strategy, reshard and export under a suffix."""
+    suffix = {"resume": "", "reshard": "_reshard", "export": "_export"}.get(str(arm["role"]))
+    return None if suffix is None else f"{payload['strategy']}{suffix}"
+
+
+def resume_rows(payload: Mapping[str, Any]) -> list[Row]:
+    """One row per checked restore (resume, reload, reshard, export), with the run's verdict-table columns
+    and the continuation gaps reported for that arm (``-`` for the reload, which trains nothing compared).
+
+    The gaps are reported, never required: the verdict is the required checks'. An arm carrying a fault
+    reads ``rejected`` when a required check caught it, else ``NOT REJECTED``.
+    """
+    gaps = {str(g["arm"]): g for g in payload["gaps"]}
+    reshard = f"{payload['ranks']} → {payload['reshard_ranks']}" if payload.get("reshard_ranks") else "-"
+    rows = []
+    for arm in payload["arms"]:
+        gap = gaps.get(_gaps_arm(payload, arm) or "")
+        failed = ", ".join(dict.fromkeys(str(f["check"]) for f in arm["failed"])) or "-"
+        if arm.get("fault"):
+            verdict = "NOT REJECTED" if arm["passed"] else "rejected"
+        else:
+            verdict = "pass" if arm["passed"] else "FAIL"
+        figures: dict[str, float | int | str | None] = {"failed": failed if failed != "-" else ""}
+        figures.update({k: gap[k] for k in RESUME_GAPS} if gap is not None else {})
+        rows.append(
+            Row(
+                cells=(
+                    str(payload["run"]),
+                    str(arm["label"]),
+                    str(arm["ranks"]),
+                    str(payload["global_batch"]),
+                    reshard,
+                    failed,
+                    *(_figure(gap[k]) if gap is not None else "-" for k in RESUME_GAPS),
+                ),
+                verdict=verdict,
+                figures=figures,
+                label=str(arm["label"]),
+            )
+        )
+    return rows
+
+
+register_kind(
+    Kind(
+        kind="resume",
+        title="Checkpoint resume, bit for bit (gaps against the uninterrupted fit: reported, not required)",
+        headers=RESUME_HEADERS,
+        rows=resume_rows,
+        bad_verdicts=frozenset({"FAIL", "NOT REJECTED"}),
+        verdict_order=("pass", "FAIL", "rejected", "NOT REJECTED"),
+    )
+)
+
+# -- crash consistency -----------------------------------------------------------------------------
+
+CRASH_HEADERS: tuple[str, ...] = (
+    "Target",
+    "Point",
+    "Rank",
+    "File",
+    "Event",
+    "Torn",
+    "Newest complete",
+    "Resumed from",
+    "Weight diff",
+    "Detail",
+)
+CRASH_VERDICTS: tuple[str, ...] = ("PASS", "HARD_FAIL", "SILENT_DIVERGENCE", "LOST_WORK")
+"""Row verdicts of a crash matrix (``pytest_sprite.assertions.crash_consistency.VERDICTS``)."""
+
+
+def _short(text: str, limit: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _weight_diff(value: float | str | None) -> str:
+    return "-" if value is None else _figure(value)
+
+
+def crash_rows(payload: Mapping[str, Any]) -> list[Row]:
+    """The matrix's row (``pass`` / ``FAIL``, its counts per verdict and its problems), then every crash
+    point that did not PASS, and the control run when it did not.
+
+    The matrix row carries the assertion's verdict (a LOST_WORK point fails it only with
+    ``allow_lost_work=False``; a non-deterministic target fails it with no bad point); the point rows
+    are the evidence, in event order. PASS points are only counted: a matrix has hundreds.
+    """
+    counts = payload["counts"]
+    control = payload["control"]
+    total = len(payload["rows"])
+    summary = " + ".join(f"{counts[v]} {v}" for v in CRASH_VERDICTS if counts.get(v))
+    detail = f"{summary or 'no'} of {total} crash points (control {control['verdict']})"
+    if payload["problems"]:
+        detail += "; " + "; ".join(str(p) for p in payload["problems"])
+    target = str(payload["target"])
+    rows = [
+        Row(
+            cells=(target, "all", str(payload["ranks"]), "-", "-", "-", "-", "-", "-", _short(detail, 110)),
+            verdict="pass" if payload["passed"] else "FAIL",
+            figures={
+                **{v: int(counts.get(v, 0)) for v in CRASH_VERDICTS},
+                "crash_points": total,
+                "control": str(control["verdict"]),
+                "fault_free_diff": payload["fault_free_diff"],
+            },
+            label="matrix",
+        )
+    ]
+    for point in [control, *payload["rows"]]:
+        if point["verdict"] == "PASS":
+            continue
+        is_control = point["point"] == 0
+        rows.append(
+            Row(
+                cells=(
+                    target,
+                    "control" if is_control else str(point["point"]),
+                    "-" if point["rank"] is None else str(point["rank"]),
+                    str(point["file"]),
+                    str(point["event"]),
+                    "torn" if point["torn"] else "",
+                    point["newest_complete"] or "-",
+                    point["resumed_from"] or "-",
+                    _weight_diff(point["weight_diff"]),
+                    _short(point["error"] or point["note"] or ""),
+                ),
+                verdict=str(point["verdict"]),
+                figures={
+                    "rank": point["rank"],
+                    "file": point["file"],
+                    "event": point["event"],
+                    "torn": bool(point["torn"]),
+                    "weight_diff": point["weight_diff"],
+                },
+                label="control" if is_control else f"point {point['point']}",
+            )
+        )
+    return rows
+
+
+register_kind(
+    Kind(
+        kind="crash_consistency",
+        title="Crash consistency (every save's file events; PASS points counted, the others listed)",
+        headers=CRASH_HEADERS,
+        rows=crash_rows,
+        bad_verdicts=frozenset({"FAIL", "HARD_FAIL", "SILENT_DIVERGENCE"}),
+        verdict_order=("pass", "FAIL", *CRASH_VERDICTS),
+        unlisted="PASS (not listed)",
+    )
+)
 
 
 def verdict_counts(verdicts: Sequence[str], kind: Kind) -> str:

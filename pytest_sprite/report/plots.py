@@ -2,8 +2,9 @@
 
 Each kind registers a plotter (:func:`register_plotter`) that turns one assertion payload into files,
 built from two shared figures: :func:`step_gaps_figure` (per-step gaps of each arm against the reference,
-with the threshold line: parity, criterion v2, resume continuation) and :func:`verdict_grid_figure`
-(a grid coloured by verdict: the crash-consistency matrix, crash point by rank). matplotlib is imported
+with the threshold line: parity, criterion v2), :func:`gap_bars_figure` (one bar per figure and arm: the
+resume's continuation gaps) and :func:`verdict_grid_figure` (a grid coloured by verdict: the
+crash-consistency matrix, crash point by rank). matplotlib is imported
 only when plots are written.
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "PLOTTERS",
     "VERDICT_COLOURS",
     "check_plots_available",
+    "gap_bars_figure",
     "register_plotter",
     "step_gaps_figure",
     "verdict_grid_figure",
@@ -221,8 +223,141 @@ def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
 
 
 register_plotter("parity", _parity_plot)
-# criterion_v2 (per-step gaps of ddp / fsdp against split), resume (continuation gaps after the resume) and
-# crash_consistency (verdict_grid_figure: crash point x rank) register theirs next to their tables.
+
+
+def gap_bars_figure(
+    path: Path,
+    *,
+    title: str,
+    groups: Mapping[str, Mapping[str, float | str]],
+    ylabel: str,
+) -> Path:
+    """Grouped bars on a log scale: one group per arm, one bar per figure (same colour per figure).
+
+    For figures that are one number per arm (the resume's largest continuation gaps), where a per-step
+    line has nothing to draw. Exact zeros stand at :data:`GAP_FLOOR`; infinite gaps reach the top, hatched.
+    """
+    plt = _pyplot()
+    names = list(dict.fromkeys(name for figures in groups.values() for name in figures))
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.0 + 1.3 * len(groups)), 4.2), dpi=110)
+    try:
+        values = {arm: dict(zip(figs, _floored(figs.values()), strict=True)) for arm, figs in groups.items()}
+        finite = [v for figs in values.values() for v in figs.values() if math.isfinite(v)]
+        top = max([GAP_FLOOR, *finite])
+        width = 0.8 / max(1, len(names))
+        for j, name in enumerate(names):
+            xs, heights, hatches = [], [], []
+            for i, arm in enumerate(groups):
+                if name in values[arm]:
+                    v = values[arm][name]
+                    xs.append(i - 0.4 + width * (j + 0.5))
+                    heights.append(v if math.isfinite(v) else top * 10)
+                    hatches.append("" if math.isfinite(v) else "xx")
+            bars = ax.bar(xs, heights, width=width, label=name, color=f"C{j % 10}")
+            for bar, hatch in zip(bars, hatches, strict=True):
+                bar.set_hatch(hatch)
+        ax.set_yscale("log")
+        ax.set_ylim(GAP_FLOOR / 3, top * 30)
+        ax.set_xticks(range(len(groups)), labels=list(groups), fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, axis="y", which="major", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}", title_fontsize=7)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _criterion_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
+    """Per-step largest normalized gradient gap of ddp, fsdp and split_premul against split (the diagnostics),
+    with the per-tensor rtol as the threshold line: only step 0 is scored, later steps are reported."""
+    series: dict[str, Sequence[float | str]] = {}
+    for pair in payload.get("diagnostics", {}).get("pairs", []):
+        against = str(pair["against"])
+        if (against == "split" or against.startswith("split (")) and pair["max_gap"]:
+            series[f"{pair['arm']} vs {against}"] = pair["max_gap"]
+    if not series:
+        return []
+    return [
+        step_gaps_figure(
+            stem.parent / f"{stem.name}.png",
+            title=(
+                f"BF16 criterion v2 {payload['verdict']}: largest per-tensor gradient gap per step vs split "
+                f"(step 0 scored, later steps reported)\n{stem.name}"
+            ),
+            series=series,
+            threshold=float(payload["limits"]["rtol"]),
+            ylabel="L2 diff / max(ref norm, floor), worst tensor",
+        )
+    ]
+
+
+def _resume_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
+    """The continuation gaps of each resumed arm against the uninterrupted fit (reported, not required)."""
+    from pytest_sprite.report.kinds import RESUME_GAPS
+
+    names = {"loss": "loss", "pre_clip_norm": "pre-clip norm", "update": "update", "adam_m": "Adam m"}
+    names["adam_v"] = "Adam v"
+    groups = {str(g["arm"]): {names[k]: g[k] for k in RESUME_GAPS} for g in payload["gaps"]}
+    if not groups:
+        return []
+    verdict = "passed" if payload.get("passed") else "failed"
+    return [
+        gap_bars_figure(
+            stem.parent / f"{stem.name}.png",
+            title=(
+                f"Checkpoint resume {verdict} ({payload['run']}): largest continuation gap vs the "
+                f"uninterrupted fit, reported not required\n{stem.name}"
+            ),
+            groups=groups,
+            ylabel="largest relative gap over the resumed steps",
+        )
+    ]
+
+
+def _crash_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
+    """The crash matrix as a grid: a row per file event (nth occurrence apart), a column per rank that died."""
+    points = payload["rows"]
+    if not points:
+        return []
+    keys: list[tuple[str, int]] = []
+    seen: dict[tuple[str, int], int] = {}
+    for p in points:
+        what = f"{p['event']} {p['file']}" + (" (torn)" if p["torn"] else "")
+        n = seen.get((what, p["rank"]), 0)
+        seen[(what, p["rank"])] = n + 1
+        keys.append((what, n))
+    repeated = {what for what, n in keys if n > 0}
+    labels = [_cut(what) + (f" #{n + 1}" if what in repeated else "") for what, n in keys]
+    columns = sorted({int(p["rank"]) for p in points if p["rank"] is not None})
+    verdicts = {(label, str(p["rank"])): str(p["verdict"]) for label, p in zip(labels, points, strict=True)}
+    failed = "passed" if payload.get("passed") else "failed"
+    return [
+        verdict_grid_figure(
+            stem.parent / f"{stem.name}.png",
+            title=(
+                f"Crash consistency of {_cut(str(payload['target']))} {failed}: "
+                f"control {payload['control']['verdict']}\n{stem.name}"
+            ),
+            rows=list(dict.fromkeys(labels)),
+            columns=[str(c) for c in columns],
+            verdicts=verdicts,
+            xlabel="rank that died",
+            ylabel="crash point (file event)",
+        )
+    ]
+
+
+def _cut(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
+
+
+register_plotter("criterion_v2", _criterion_plot)
+register_plotter("resume", _resume_plot)
+register_plotter("crash_consistency", _crash_plot)
 
 
 def write_plots(entries: Iterable[TestEntry], directory: str) -> list[Path]:
