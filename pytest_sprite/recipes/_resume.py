@@ -219,14 +219,20 @@ def capture_state(trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world
     trainables = {n: p for n, p in net.named_parameters() if p.requires_grad}
     frozen = {n: p for n, p in net.named_parameters() if not p.requires_grad}
     state_by_name = {names[id(p)]: s for p, s in optimizer.state.items() if id(p) in names}
-    opt_full: dict[str, dict[str, torch.Tensor]] = {}
+    wanted: list[tuple[str, torch.Tensor]] = [(f"param:{n}", p.detach()) for n, p in trainables.items()]
+    wanted += [(f"frozen:{n}", p.detach()) for n, p in frozen.items()]
     opt_devices: dict[str, dict[str, str]] = {}
-    for name in trainables:  # the same order on every rank: the gathers below are collectives
-        state = state_by_name.get(name, {})
-        opt_full[name] = {
-            k: _full(v.detach()).to("cpu", copy=True) for k, v in sorted(state.items()) if torch.is_tensor(v)
-        }
-        opt_devices[name] = {k: str(_local(v).device) for k, v in sorted(state.items()) if torch.is_tensor(v)}
+    opt_keys: dict[str, tuple[str, str]] = {}
+    for name in trainables:
+        state = {k: v for k, v in sorted(state_by_name.get(name, {}).items()) if torch.is_tensor(v)}
+        for k, v in state.items():
+            opt_keys[f"opt:{name}:{k}"] = (name, k)
+            wanted.append((f"opt:{name}:{k}", v.detach()))
+        opt_devices[name] = {k: str(_local(v).device) for k, v in state.items()}
+    full = _full_values(wanted)  # every rank, the same order: one collective under FSDP2
+    opt_full: dict[str, dict[str, torch.Tensor]] = {name: {} for name in trainables}
+    for key, (name, state_key) in opt_keys.items():
+        opt_full[name][state_key] = full[key]
     groups = []
     for group in optimizer.param_groups:
         groups.append(
@@ -241,14 +247,49 @@ def capture_state(trainer: pl.Trainer, net: torch.nn.Module, *, rank: int, world
         world_size=world_size,
         global_step=int(trainer.global_step),
         epochs_done=int(getattr(trainer.fit_loop.epoch_progress.current, "processed", 0)),
-        trainables={n: _full(p.detach()).to("cpu", copy=True) for n, p in trainables.items()},
+        trainables={n: full[f"param:{n}"] for n in trainables},
         optimizer=opt_full,
         optimizer_devices=opt_devices,
         param_devices={n: str(_local(p).device) for n, p in trainables.items()},
         param_groups=tuple(groups),
         scheduler=dict(scheduler.state_dict()),
-        frozen={n: tensor_digest(_full(p.detach())) for n, p in frozen.items()},
+        frozen={n: tensor_digest(full[f"frozen:{n}"]) for n in frozen},
     )
+
+
+def _full_values(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Full CPU values of possibly sharded tensors, with one collective for all of them.
+
+    FSDP2 shards every tensor along dim 0 over a 1-D mesh of every rank: the full value is the ranks'
+    local shards concatenated in rank order. Gathering them all at once costs one collective instead of one
+    per tensor (about 80 per capture here); any other layout falls back to ``full_tensor`` tensor by tensor.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    out = {n: t.to("cpu", copy=True) for n, t in named if not isinstance(t, DTensor)}
+    sharded = [(n, t) for n, t in named if isinstance(t, DTensor)]
+    if not sharded:
+        return {n: out[n] for n, _ in named}
+    size = dist.get_world_size() if dist.is_initialized() else 1
+    fast = all(
+        t.device_mesh.ndim == 1 and t.device_mesh.size() == size and tuple(t.placements) == (Shard(0),)
+        for _, t in sharded
+    )
+    if fast:
+        local = {n: t.to_local().to("cpu", copy=True) for n, t in sharded}
+        gathered: list[Any] = [None] * size
+        dist.all_gather_object(gathered, local)
+        for n, t in sharded:
+            value = torch.cat([part[n] for part in gathered], dim=0)
+            if tuple(value.shape) != tuple(t.shape):
+                fast = False
+                break
+            out[n] = value
+    if not fast:
+        for n, t in sharded:
+            out[n] = _full(t).to("cpu", copy=True)
+    return {n: out[n] for n, _ in named}
 
 
 # -------------------------------------------------------------------------------------------------------
