@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -398,12 +399,15 @@ def test_crash_rows_count_verdicts_and_list_the_points_that_did_not_pass() -> No
         ("point 5", "SILENT_DIVERGENCE"),
     ]
     assert rows[0].cells[:3] == ("train_in_place", "all", "2")
-    assert (
-        rows[0]
-        .cells[-1]
-        .startswith(
-            "2 PASS + 1 HARD_FAIL + 1 SILENT_DIVERGENCE + 1 LOST_WORK of 5 crash points (control PASS); 1 HARD_FAIL"
-        )
+    assert rows[0].cells[-1] == (
+        "2 PASS + 1 HARD_FAIL + 1 SILENT_DIVERGENCE + 1 LOST_WORK of 5 crash points (control PASS)"
+    )
+    # a matrix that fails with no bad point says why in the same cell
+    shaky = replace(crash_matrix(broken=False), fault_free_diff=1e-3).to_dict()
+    [matrix_row, _] = crash_rows(shaky)
+    assert matrix_row.verdict == "FAIL"
+    assert matrix_row.cells[-1].startswith(
+        "2 PASS + 1 LOST_WORK of 3 crash points (control PASS); two fault-free runs already differ"
     )
     assert rows[0].figures["HARD_FAIL"] == 1 and rows[0].figures["crash_points"] == 5
     assert rows[2].cells == (

@@ -356,8 +356,10 @@ def crash_rows(payload: Mapping[str, Any]) -> list[Row]:
     total = len(payload["rows"])
     summary = " + ".join(f"{counts[v]} {v}" for v in CRASH_VERDICTS if counts.get(v))
     detail = f"{summary or 'no'} of {total} crash points (control {control['verdict']})"
-    if payload["problems"]:
-        detail += "; " + "; ".join(str(p) for p in payload["problems"])
+    # The problems besides the counts (which the detail already gives): determinism, flakes, the control.
+    problems = [str(p) for p in payload["problems"] if not str(p).endswith(f" of {total} crash points")]
+    if problems:
+        detail += "; " + "; ".join(problems)
     target = str(payload["target"])
     rows = [
         Row(

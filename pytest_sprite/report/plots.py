@@ -110,7 +110,7 @@ def step_gaps_figure(
             top = max([top, *finite])
             # Infinite gaps (a nan norm) are drawn at the top of the axis, marked with x.
             drawn = [y if math.isfinite(y) else top * 10 for y in ys]
-            ax.plot(
+            (line,) = ax.plot(
                 range(len(ys)),
                 drawn,
                 (styles or {}).get(label, "o-"),
@@ -118,6 +118,9 @@ def step_gaps_figure(
                 markersize=4,
                 color=(colors or {}).get(label),
             )
+            infinite = [x for x, y in enumerate(ys) if not math.isfinite(y)]
+            if infinite:
+                ax.plot(infinite, [top * 10] * len(infinite), "x", color=line.get_color(), markersize=9)
         ax.axhline(
             threshold, color="#c62828", linestyle="--", linewidth=1.2, label=f"threshold {threshold:g}"
         )
@@ -262,7 +265,9 @@ def gap_bars_figure(
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.grid(True, axis="y", which="major", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}", title_fontsize=7)
+        ax.legend(
+            fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}; hatched: inf", title_fontsize=7
+        )
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, format="png")
@@ -285,8 +290,8 @@ def _criterion_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
         step_gaps_figure(
             stem.parent / f"{stem.name}.png",
             title=(
-                f"BF16 criterion v2 {payload['verdict']}: largest per-tensor gradient gap per step vs split "
-                f"(step 0 scored, later steps reported)\n{stem.name}"
+                f"BF16 criterion v2 {payload['verdict']}: largest per-tensor gradient gap per step vs split\n"
+                f"(step 0 scored, later steps reported)  {stem.name}"
             ),
             series=series,
             threshold=float(payload["limits"]["rtol"]),
@@ -309,8 +314,8 @@ def _resume_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
         gap_bars_figure(
             stem.parent / f"{stem.name}.png",
             title=(
-                f"Checkpoint resume {verdict} ({payload['run']}): largest continuation gap vs the "
-                f"uninterrupted fit, reported not required\n{stem.name}"
+                f"Checkpoint resume {verdict} ({payload['run']}): largest continuation gap vs the\n"
+                f"uninterrupted fit (reported, not required)  {stem.name}"
             ),
             groups=groups,
             ylabel="largest relative gap over the resumed steps",
