@@ -217,7 +217,7 @@ def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
             "*CrashConsistencyError: crash consistency of pytest_sprite.chaos.protocols.train_in_place (1 rank): FAILED",
             "*  - 2 HARD_FAIL of 3 crash points",
             "*2 HARD_FAIL + 1 PASS of 3 crash points (control PASS)",
-            "control  -*-*control*PASS*ckpt-4*ckpt-4*0",
-            "1        0*ckpt-2*mkdir*PASS*<scratch>*0",
+            "*control  -*-*control*PASS*ckpt-4*ckpt-4*0",
+            "*1        0*ckpt-2*mkdir*PASS*<scratch>*0",
         ]
     )
