@@ -658,6 +658,11 @@ _PLAIN_FORKER: Callable[[], _Forker] | None = None
 """Replaces the plain test's fork, for ``bench/resume.py`` only (it times new interpreters against forks)."""
 
 
+def zygote_pid() -> int | None:
+    """The pid of this test child's zygote, None when it has none (a plain test, or outside a child)."""
+    return _ZYGOTE.pid if _ZYGOTE is not None else None
+
+
 def _set_zygote(zygote: Zygote | None) -> None:
     """Called by the test child: the zygote it forked before initializing its device."""
     global _ZYGOTE

@@ -116,10 +116,13 @@ class ChildSession:
     def _end_leftovers(self) -> None:
         import warnings
 
+        from .. import subworld
         from ..errors import LeftoverProcessWarning
         from .leftovers import describe_leftovers, end_session_leftovers
 
-        ended = end_session_leftovers(os.getsid(0), exclude={os.getpid()})
+        # The sub-world zygote is the harness's own process in this session, not something the test left.
+        ours = {os.getpid()} | ({zygote} if (zygote := subworld.zygote_pid()) is not None else set())
+        ended = end_session_leftovers(os.getsid(0), exclude=ours)
         if ended:
             warnings.warn(LeftoverProcessWarning(describe_leftovers(self.spec["rank"], ended)), stacklevel=1)
 
