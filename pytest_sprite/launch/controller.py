@@ -136,7 +136,10 @@ class Controller:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
         self.settings = settings
-        self.pack = settings.pack
+        # An xdist worker's test loop is driven by its controller's commands, one item at a time: taking the
+        # loop over there would starve the worker, so its ranks tests run one at a time (each worker still
+        # has its own agents, so -n 2 runs two ranks tests at once).
+        self.pack = settings.pack and not hasattr(config, "workerinput")
         self.world_size: int | None = settings.world_size
         self.pool: AgentPool | None = None
         self.scheduler: Scheduler[int] | None = None
