@@ -156,9 +156,9 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 LAUNCHERS = [
     pytest.param("mpiexec", 2, [], marks=needs_mpiexec, id="mpiexec"),
-    pytest.param("torchrun", 2, [], id="torchrun"),
-    pytest.param("pals", 4, ["--ppn=2"], marks=needs_mpiexec, id="pals-fake"),
-    pytest.param("srun", 4, [], id="srun-stand-in"),
+    pytest.param("torchrun", 2, [], marks=pytest.mark.slow, id="torchrun"),
+    pytest.param("pals", 4, ["--ppn=2"], marks=[needs_mpiexec, pytest.mark.slow], id="pals-fake"),
+    pytest.param("srun", 4, [], marks=pytest.mark.slow, id="srun-stand-in"),
 ]
 
 

@@ -22,7 +22,7 @@ needs_mpiexec = pytest.mark.skipif(
 )
 LAUNCHERS = [
     pytest.param("local", id="local"),
-    pytest.param("mpiexec", marks=needs_mpiexec, id="mpiexec"),
+    pytest.param("mpiexec", marks=[needs_mpiexec, pytest.mark.slow], id="mpiexec"),
 ]
 
 MEET = '''

@@ -123,6 +123,7 @@ def test_a_crash_is_reported_with_its_exit_code() -> None:
     assert result.outcomes[1].status == "ended"
 
 
+@pytest.mark.slow  # about a minute: the failing rank waits out its peers
 def test_an_exception_comes_back_with_its_traceback() -> None:
     result = run_subworld(fail, ranks=2)
     assert result.outcomes[1].status == "raised"
