@@ -203,7 +203,7 @@ def test_own_model_criterion_v2_in_bf16_at_3_ranks(world: Any) -> None:
 @pytest.mark.parametrize(
     ("recipe", "fault"),
     [
-        (MLP, "local-adapter"),
+        pytest.param(MLP, "local-adapter", marks=pytest.mark.slow),
         pytest.param(MLP, "scale-grad", marks=pytest.mark.slow),
         pytest.param(MLP, "skip-update", marks=pytest.mark.slow),
         (MLP_WITH_BACKBONE, "fp32-backbone"),
