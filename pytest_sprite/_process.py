@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["preimport_torch", "redirect_output"]
+__all__ = ["one_thread_after_fork", "preimport_torch", "redirect_output"]
 
 
 def preimport_torch() -> None:
@@ -22,6 +22,20 @@ def preimport_torch() -> None:
         import torch.distributed  # noqa: F401
     except ImportError:
         pass
+
+
+def one_thread_after_fork() -> None:
+    """In a child forked from a process that may have computed: run torch's CPU ops on one thread.
+
+    GNU OpenMP (torch's CPU wheels) does not survive a fork: once the parent has run a parallel region,
+    the child's first one waits forever for threads that were not copied. A plain test's forks come from
+    the pytest process, which earlier tests may have used; one intra-op thread never enters OpenMP.
+    ``OMP_NUM_THREADS=1`` tells the code that would choose a thread count that it is chosen.
+    """
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def redirect_output(path: Path, *, stdin_devnull: bool = False) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, runtime_checkable
 
+from pytest_sprite._process import one_thread_after_fork
 from pytest_sprite._ranges import fold_ranks
 from pytest_sprite._timing import monotonic, sleep
 from pytest_sprite.errors import SpriteError, SpriteUsageError
@@ -492,6 +493,7 @@ class _DirectForker:
         pid = os.fork()
         if pid == 0:
             try:
+                one_thread_after_fork()
                 _rank_main(payload, channel)
             finally:
                 os._exit(70)

@@ -181,7 +181,14 @@ def test_command_form_crashes_an_unmodified_script(tmp_path: Path) -> None:
     ]
     assert "FileNotFoundError" in (matrix.rows[1].error or "")
     assert "JSONDecodeError" in (matrix.rows[2].error or "")
-    assert sorted(os.listdir(tmp_path / "chaos")) == ["inject", "logs", "matrix.json", "matrix.txt", "runs"]
+    assert sorted(os.listdir(tmp_path / "chaos")) == [
+        "crash_consistency-01.assertion.json",  # the manifest `python -m pytest_sprite judge` reads
+        "inject",
+        "logs",
+        "matrix.json",
+        "matrix.txt",
+        "runs",
+    ]
 
 
 @pytest.mark.slow

@@ -48,4 +48,7 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
         (1, "ckpt-4.tmp/optim-1.pt", False, "PASS"),
         (1, "ckpt-4.tmp/optim-1.pt", True, "PASS"),
     ]
-    assert all(r["crashed"] and r["verdict"] == "PASS" for r in rows)
+    assert all(r["verdict"] == "PASS" for r in rows)
+    # a mkdir point is planned from the fault-free run; when rank 0 wins the race in the crashed run,
+    # rank 1 never makes that folder and the row says the point was not reached
+    assert all(r["crashed"] or (r["event"] == "mkdir" and "not reached" in r["note"]) for r in rows)

@@ -347,3 +347,18 @@ def test_weight_diff() -> None:
     assert weight_diff(a, {"v": torch.tensor([1.0, 2.0])}) == math.inf
     assert weight_diff(a, {"w": torch.tensor([1.0])}) == math.inf
     assert weight_diff({"w": [1, 2.0]}, {"w": [1, 2.25]}) == 0.25
+
+
+def _parallel_work() -> int:
+    import torch
+
+    return int(torch.nn.functional.relu(torch.randn(4_000_000)).gt(0).any())
+
+
+def test_a_run_forked_after_parallel_work_in_this_process_does_not_hang(tmp_path: Path) -> None:
+    """GNU OpenMP hangs a child forked after the parent's parallel region; earlier tests leave one behind."""
+    torch = pytest.importorskip("torch")
+    torch.nn.functional.relu(torch.randn(4_000_000))
+    outcome = run_forked(_parallel_work, (), plans=[None], envs=[{}], logs=[tmp_path / "run.out"], timeout=60)
+    assert outcome.ranks[0].status == "returned", (tmp_path / "run.out").read_text()
+    assert outcome.value(0) == 1

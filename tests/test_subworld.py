@@ -165,3 +165,15 @@ def test_kill_point_and_emit_do_nothing_outside_a_sub_world() -> None:
     emit("x", 1)
     kill_point("step", 1)
     assert not in_subworld()
+
+
+def parallel_work(world: Any) -> int:
+    return int(torch.nn.functional.relu(torch.randn(4_000_000)).gt(0).any())
+
+
+def test_a_fork_after_parallel_work_in_this_process_does_not_hang() -> None:
+    """GNU OpenMP hangs a child forked after the parent's parallel region; earlier tests leave one behind."""
+    torch.nn.functional.relu(torch.randn(4_000_000))  # a parallel region in the pytest process
+    threads = torch.get_num_threads()
+    assert run_subworld(parallel_work, ranks=2, timeout=60).values() == [1, 1]
+    assert torch.get_num_threads() == threads  # only the children run on one thread

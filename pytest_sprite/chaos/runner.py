@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_sprite._process import one_thread_after_fork
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 
 __all__ = ["RankOutcome", "RunOutcome", "output_tail", "portable", "rank_envs", "run_forked"]
@@ -94,6 +95,7 @@ def _child(
         # pytest's capture replaced sys.stdout/stderr with its own objects: print into the log instead
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
+        one_thread_after_fork()
         os.environ.update(env)
         from pytest_sprite.chaos import inject
 
