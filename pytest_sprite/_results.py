@@ -36,6 +36,7 @@ __all__ = [
     "keep_reported",
     "progress",
     "record_assertion",
+    "running_item",
     "set_progress_sink",
     "write_progress",
 ]
@@ -85,6 +86,11 @@ def record_assertion(result: R, *, inputs: Sequence[str | os.PathLike[str] | Non
     if inputs and all(p is not None for p in inputs) and _rank() == 0:
         write_manifest(payload, [Path(os.fspath(p)) for p in inputs if p is not None])
     return result
+
+
+def running_item() -> pytest.Item | None:
+    """The test item running in this process now (any phase), None outside a test."""
+    return None if _active is None else _active[0]
 
 
 def assertion_results(item: pytest.Item) -> list[dict[str, Any]]:

@@ -605,6 +605,17 @@ class StepRecord:
     rng: str
     """Digest of the RNG state at the start of the step (torch's CPU generator, plus the device's)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers only (part of :meth:`ResumeRun.to_dict`)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["rows"] = list(self.rows)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{**data, "rows": tuple(data["rows"])})
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class StateCapture:
@@ -635,6 +646,43 @@ class StateCapture:
     """The LR scheduler's ``state_dict()``."""
     frozen: Mapping[str, str] = field(repr=False)
     """Digest of every frozen tensor's full value, by name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only (part of :meth:`ResumeRun.to_dict`).
+
+        The optimizer's param groups and the scheduler's state are stored as captured: their values are
+        what the optimizer and scheduler hold (numbers, tuples such as AdamW's ``betas``, lists).
+        """
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "global_step": self.global_step,
+            "epochs_done": self.epochs_done,
+            "trainables": dict(self.trainables),
+            "optimizer": {n: dict(state) for n, state in self.optimizer.items()},
+            "optimizer_devices": {n: dict(devices) for n, devices in self.optimizer_devices.items()},
+            "param_devices": dict(self.param_devices),
+            "param_groups": [dict(g) for g in self.param_groups],
+            "scheduler": dict(self.scheduler),
+            "frozen": dict(self.frozen),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StateCapture:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            rank=int(data["rank"]),
+            world_size=int(data["world_size"]),
+            global_step=int(data["global_step"]),
+            epochs_done=int(data["epochs_done"]),
+            trainables=dict(data["trainables"]),
+            optimizer={n: dict(state) for n, state in data["optimizer"].items()},
+            optimizer_devices={n: dict(devices) for n, devices in data["optimizer_devices"].items()},
+            param_devices=dict(data["param_devices"]),
+            param_groups=tuple(dict(g) for g in data["param_groups"]),
+            scheduler=dict(data["scheduler"]),
+            frozen=dict(data["frozen"]),
+        )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -677,6 +725,41 @@ class RoleRecord:
                 return s
         return None
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only (part of :meth:`ResumeRun.to_dict`)."""
+        return {
+            "role": self.role,
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "fault": self.fault,
+            "steps": [s.to_dict() for s in self.steps],
+            "saves": [c.to_dict() for c in self.saves],
+            "restored": None if self.restored is None else self.restored.to_dict(),
+            "checkpoints": list(self.checkpoints),
+            "killed": self.killed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoleRecord:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            role=data["role"],
+            strategy=data["strategy"],
+            precision=data["precision"],
+            rank=int(data["rank"]),
+            world_size=int(data["world_size"]),
+            global_batch=int(data["global_batch"]),
+            fault=data["fault"],
+            steps=tuple(StepRecord.from_dict(s) for s in data["steps"]),
+            saves=tuple(StateCapture.from_dict(c) for c in data["saves"]),
+            restored=None if data["restored"] is None else StateCapture.from_dict(data["restored"]),
+            checkpoints=tuple(data["checkpoints"]),
+            killed=bool(data["killed"]),
+        )
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ResumeRun:
@@ -706,3 +789,54 @@ class ResumeRun:
     """Per role: (wall seconds, seconds until its processes were started)."""
     device_type: str = "cpu"
     """Device type the roles ran on."""
+    directory: str | None = None
+    """Directory the roles wrote their checkpoints under (one subdirectory per role), None when unknown."""
+    source: str | None = None
+    """File the run was stored in (``resume-run.pt``) or read from, None when not stored.
+
+    Not part of the run itself: the assertion names it so that ``python -m pytest_sprite judge`` finds it.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
+        return {
+            "format": _RECORD_FORMAT,
+            "kind": "resume",
+            "strategy": self.strategy,
+            "precision": self.precision,
+            "ranks": self.ranks,
+            "global_batch": self.global_batch,
+            "steps_per_epoch": self.steps_per_epoch,
+            "epochs": self.epochs,
+            "fault": self.fault,
+            "roles": {role: [r.to_dict() for r in records] for role, records in self.roles.items()},
+            "timings": {role: list(t) for role, t in self.timings.items()},
+            "device_type": self.device_type,
+            "directory": self.directory,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResumeRun:
+        """Inverse of :meth:`to_dict`; refuses a run written in another format (or another kind of record)."""
+        if data.get("format") != _RECORD_FORMAT or data.get("kind") != "resume":
+            raise SpriteUsageError(
+                f"this is not a resume run of format {_RECORD_FORMAT} (format {data.get('format')!r}, kind "
+                f"{data.get('kind')!r}); judge it with the pytest-sprite version that wrote it, or re-run the "
+                "resume check with this one"
+            )
+        return cls(
+            strategy=data["strategy"],
+            precision=data["precision"],
+            ranks=int(data["ranks"]),
+            global_batch=int(data["global_batch"]),
+            steps_per_epoch=int(data["steps_per_epoch"]),
+            epochs=int(data["epochs"]),
+            fault=data["fault"],
+            roles={
+                role: tuple(RoleRecord.from_dict(r) for r in records)
+                for role, records in data["roles"].items()
+            },
+            timings={role: (float(t[0]), float(t[1])) for role, t in data["timings"].items()},
+            device_type=data["device_type"],
+            directory=data["directory"],
+        )

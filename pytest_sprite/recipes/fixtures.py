@@ -34,16 +34,11 @@ def lora_qwen(request: pytest.FixtureRequest, world: World) -> LoraQwen:
     A tiny in-memory Qwen2 by default; ``--qwen-path PATH`` (or ``SPRITE_QWEN_PATH``) loads real weights.
     With ``--sprite-artifacts DIR`` every arm's record is written under ``DIR/<test id>/``.
     """
-    from pytest_sprite.recipes.artifacts import ArtifactDir
+    from pytest_sprite.recipes.artifacts import test_artifacts
     from pytest_sprite.recipes.lora_qwen import LoraQwen
 
     qwen_path = _setting(request.config, "qwen_path")
-    artifacts = _setting(request.config, "artifacts")
-    return LoraQwen(
-        world=world,
-        qwen_path=qwen_path,
-        artifacts=ArtifactDir.for_test(artifacts, request.node.nodeid) if artifacts else None,
-    )
+    return LoraQwen(world=world, qwen_path=qwen_path, artifacts=test_artifacts(request.node))
 
 
 @pytest.fixture

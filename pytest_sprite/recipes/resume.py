@@ -127,6 +127,7 @@ def run_resume_roles(
         roles=roles,
         timings=timings,
         device_type=_device_type(first),
+        directory=str(root),
     )
 
 

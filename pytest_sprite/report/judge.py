@@ -1,7 +1,8 @@
 """``python -m pytest_sprite judge DIR``: judge stored records again, offline, with the same rules.
 
-Every assertion that judged stored records (arms written under ``--sprite-artifacts``, a crash matrix
-in its ``out_dir``) left a manifest beside them, ``<kind>-NN.assertion.json``: its kind, its inputs
+Every assertion that judged stored records (parity and criterion v2 arms written under
+``--sprite-artifacts``, a resume check's ``resume-run.pt``, a crash matrix in its ``out_dir``) left a
+manifest beside them, ``<kind>-NN.assertion.json``: its kind, its inputs
 (paths relative to the manifest, so a copied directory judges the same) and the result it reached.
 ``judge`` finds every manifest under DIR, hands it to the judge function registered for its kind
 (:data:`JUDGES`), prints the same tables as the terminal summary, and exits 1 when any row's verdict is
@@ -85,11 +86,23 @@ def _judge_crash_consistency(stored: Mapping[str, Any], inputs: list[Path]) -> d
     return payload
 
 
+def _judge_resume(stored: Mapping[str, Any], inputs: list[Path]) -> dict[str, Any]:
+    """The stored ``resume-run.pt`` (every role's records, every rank) judged again, bit for bit."""
+    from pytest_sprite.assertions.resume import judge_resume
+    from pytest_sprite.recipes.artifacts import RESUME_RUN_FILE, load_resume_run
+
+    if len(inputs) != 1:
+        raise SpriteUsageError(
+            f"a resume manifest lists one {RESUME_RUN_FILE}, got {', '.join(map(str, inputs)) or 'none'}"
+        )
+    payload: dict[str, Any] = judge_resume(load_resume_run(inputs[0]), run_label=stored.get("run")).to_dict()
+    return payload
+
+
 register_judge("parity", _judge_parity)
 register_judge("criterion_v2", _judge_criterion_v2)
+register_judge("resume", _judge_resume)
 register_judge("crash_consistency", _judge_crash_consistency)
-# resume registers none: assert_resume_bitexact judges the roles' records in memory (tensors of every
-# rank's restored state) and stores nothing, so there is nothing to judge again offline.
 
 
 @dataclass(frozen=True, kw_only=True)
