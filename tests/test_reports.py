@@ -343,6 +343,90 @@ def test_judge_gives_the_same_verdict_on_a_copied_directory(
     )
 
 
+RESUME_WITH_ARTIFACTS = """
+from pytest_sprite.assertions.resume import assert_resume_bitexact
+
+def test_resume(lora_qwen):
+    assert_resume_bitexact(lora_qwen, strategy="single")
+"""
+
+
+@needs["recipes"]
+def test_judge_judges_a_stored_resume_run_again(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    import torch
+
+    from pytest_sprite.records import ResumeRun
+
+    pytester.makepyfile(test_resume=RESUME_WITH_ARTIFACTS)
+    result = run(pytester, "--sprite-artifacts=art", "--sprite-report=report.json")
+    result.assert_outcomes(passed=1)
+    [stored] = json.loads((pytester.path / "report.json").read_text())["tests"][0]["assertions"]
+    folder = pytester.path / "art" / "test_resume.py__test_resume" / "01-resume-single"
+    assert sorted(p.name for p in folder.iterdir()) == ["resume-01.assertion.json", "resume-run.pt"]
+
+    # The real run round-trips exactly: to_dict of what was loaded is what was stored, bit for bit.
+    data = torch.load(folder / "resume-run.pt", weights_only=True)
+    assert set(data["roles"]) == {"fit", "twin", "killed", "resume", "reload"}
+    back = ResumeRun.from_dict(data)
+    assert isinstance(back.roles["resume"][0].steps[0].rows, tuple)
+    assert _same_plain(back.to_dict(), data)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(pytester.path / "art", copy)
+    shutil.rmtree(pytester.path / "art")  # the copy must stand on its own
+    again = judge(copy)
+    assert again.returncode == 0, again.stdout + again.stderr
+    manifest = "test_resume.py__test_resume/01-resume-single/resume-01.assertion.json"
+    assert any(
+        f"{manifest}  single, 32-true  single resume " in line and line.endswith("pass")
+        for line in again.stdout.splitlines()
+    ), again.stdout
+    assert again.stdout.splitlines()[-1] == "judged 1 stored assertions: 0 failed, 0 verdicts changed"
+    from pytest_sprite.report.judge import judge_directory
+
+    assert judge_directory(copy)[0].result == stored
+
+    # One restored tensor of the resume, one ulp off: judged FAIL on that row, exit 1.
+    file = copy / "test_resume.py__test_resume" / "01-resume-single" / "resume-run.pt"
+    edited = torch.load(file, weights_only=True)
+    trainables = edited["roles"]["resume"][0]["restored"]["trainables"]
+    name = next(iter(trainables))
+    trainables[name] = torch.nextafter(trainables[name], torch.full_like(trainables[name], float("inf")))
+    torch.save(edited, file)
+    failing = judge(copy)
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert f"verdict changed since the run: {manifest}: single resume: pass -> FAIL" in failing.stdout
+    assert failing.stdout.splitlines()[-1] == "judged 1 stored assertions: 1 failed, 1 verdicts changed"
+
+    # A file of another format is refused, clearly, as bad usage.
+    torch.save({**edited, "format": 99}, file)
+    refused = judge(copy)
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"error: {file}: this is not a resume run of format 1 (format 99, kind 'resume'); judge it with the "
+        "pytest-sprite version that wrote it, or re-run the resume check with this one\n"
+    )
+
+
+def _same_plain(a: Any, b: Any) -> bool:
+    """Same types and values, tensors bit for bit, floats by their bits (nan included)."""
+    import torch
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.shape) == (b.dtype, b.shape) and torch.equal(
+            a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)
+        )
+    if isinstance(a, float):
+        return a.hex() == b.hex() or (a != a and b != b)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_plain(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_plain(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
 @needs["xdist"]
 def test_xdist_runs_ranks_tests_in_both_workers_and_merges_the_reports(pytester: pytest.Pytester) -> None:
     marks = pytester.mkdir("marks")

@@ -435,3 +435,140 @@ def test_the_registry_planters_break_what_they_say() -> None:
 
     with pytest.raises(SpriteUsageError, match="fault 'perturbed-weight' applies to arms resume, not 'ddp'"):
         plant("perturbed-weight", PlantSite(arm="ddp", rank=0, world_size=2, accumulate=1))
+
+
+# -------------------------------------------------------------------------------------------------------
+# the stored run: round trip, storage beside the checkpoints or under --sprite-artifacts, judged again
+
+
+def _identical(a: Any, b: Any, where: str = "run") -> None:
+    """Fail unless ``a`` and ``b`` are the same value of the same type, tensors and floats bit for bit."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), where
+    elif isinstance(a, float):
+        assert a.hex() == b.hex() or (math.isnan(a) and math.isnan(b)), f"{where}: {a!r} != {b!r}"
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _identical(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _identical(a[k], b[k], f"{where}[{k!r}]")
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _identical(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _odd_run() -> ResumeRun:
+    """A run holding what a round trip could lose: nan, inf, -0.0, a float64 tensor, tuples in param groups."""
+    run = _run()
+    fit = _with_step(run.roles["fit"], 1, 5, loss=math.nan, pre_clip_norm=math.inf)
+    odd = torch.tensor([math.nan, -math.inf, -0.0, 5e-324], dtype=torch.float64)
+    resume = _with_restored(
+        run.roles["resume"],
+        0,
+        trainables={**run.roles["resume"][0].restored.trainables, "odd": odd},  # type: ignore[union-attr]
+    )
+    return dataclasses.replace(
+        run, roles={**run.roles, "fit": fit, "resume": resume}, timings={"fit": (1.5, 0.25)}, directory="/ck"
+    )
+
+
+def test_a_run_round_trips_exactly_through_a_weights_only_file(tmp_path: Any) -> None:
+    from pytest_sprite.recipes.artifacts import load_resume_run, write_resume_run
+
+    run = _odd_run()
+    path = write_resume_run(run, tmp_path, fresh=False)
+    assert path == tmp_path / "resume-run.pt"
+    back = load_resume_run(path)  # torch.load(weights_only=True) inside
+    assert back.source == str(path)
+    _identical(dataclasses.replace(back, source=None), run)
+    _identical(ResumeRun.from_dict(run.to_dict()), run)
+    assert isinstance(back.roles["resume"][0].restored.param_groups[0]["betas"], tuple)  # type: ignore[union-attr]
+    assert judge_resume(back).to_dict() == judge_resume(run).to_dict()
+    # Beside checkpoints nothing is overwritten: a second run stored there gets the next name.
+    assert write_resume_run(run, tmp_path, fresh=False) == tmp_path / "resume-run-02.pt"
+
+
+def test_a_file_of_another_format_or_kind_is_refused(tmp_path: Any) -> None:
+    from pytest_sprite.recipes.artifacts import load_resume_run
+
+    data = _run().to_dict()
+    with pytest.raises(
+        SpriteUsageError, match=r"this is not a resume run of format 1 \(format 2, kind 'resume'\)"
+    ):
+        ResumeRun.from_dict({**data, "format": 2})
+    torch.save({"format": 1, "arm": "single"}, tmp_path / "resume-run.pt")  # an arm record
+    with pytest.raises(
+        SpriteUsageError,
+        match=rf"{tmp_path / 'resume-run.pt'}: this is not a resume run of format 1 \(format 1, kind None\); "
+        "judge it with the pytest-sprite version that wrote it",
+    ):
+        load_resume_run(tmp_path)
+    with pytest.raises(SpriteUsageError, match=r"no resume run at .*nothing\.pt; pass the resume-run.pt"):
+        load_resume_run(tmp_path / "nothing.pt")
+
+
+class _Roles:
+    """A recipe whose resume_roles returns a prepared run (no processes): what assert_resume_bitexact stores."""
+
+    def __init__(self, run: ResumeRun) -> None:
+        self.run = run
+        self.calls = 0
+
+    def resume_roles(self, **_: Any) -> ResumeRun:
+        self.calls += 1
+        return self.run
+
+
+def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(tmp_path: Any) -> None:
+    import json
+    import shutil
+
+    from pytest_sprite.assertions.resume import assert_resume_bitexact
+    from pytest_sprite.report.judge import judge_directory
+
+    checkpoints = tmp_path / "ck"
+    recipe = _Roles(dataclasses.replace(_run(), directory=str(checkpoints)))
+    result = assert_resume_bitexact(recipe, strategy="ddp")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["resume-01.assertion.json", "resume-run.pt"]
+    manifest = json.loads((checkpoints / "resume-01.assertion.json").read_text())
+    assert manifest["inputs"] == ["resume-run.pt"] and manifest["result"] == result.to_dict()
+
+    shutil.copytree(checkpoints, tmp_path / "copy")
+    [judged] = judge_directory(tmp_path / "copy")
+    assert judged.result == result.to_dict() and not judged.failed and judged.changed == []
+
+    # The stored resume's first loss edited: the copy is judged FAIL on that row, and only that row.
+    data = torch.load(tmp_path / "copy" / "resume-run.pt", weights_only=True)
+    first = data["roles"]["resume"][1]["steps"][0]
+    first["loss"] = math.nextafter(first["loss"], math.inf)
+    torch.save(data, tmp_path / "copy" / "resume-run.pt")
+    [judged] = judge_directory(tmp_path / "copy")
+    assert judged.failed and judged.changed == ["ddp resume: pass -> FAIL"]
+    assert [f["check"] for f in judged.result["arms"][0]["failed"]] == ["first_loss"]
+
+
+def test_under_artifacts_an_existing_result_is_refused_before_any_role_runs(tmp_path: Any) -> None:
+    from pytest_sprite.assertions.resume import assert_resume_bitexact
+    from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError
+
+    recipe = _Roles(dataclasses.replace(_run(), directory=str(tmp_path / "ck")))
+    recipe.artifacts = ArtifactDir.for_test(tmp_path / "art", "t.py::test")  # type: ignore[attr-defined]
+    assert_resume_bitexact(recipe, strategy="ddp")
+    stored = tmp_path / "art" / "t.py__test" / "01-resume-ddp"
+    assert sorted(p.name for p in stored.iterdir()) == ["resume-01.assertion.json", "resume-run.pt"]
+    assert not (tmp_path / "ck").exists()  # stored under --sprite-artifacts only
+
+    again = _Roles(recipe.run)
+    again.artifacts = ArtifactDir.for_test(tmp_path / "art", "t.py::test")  # type: ignore[attr-defined]
+    with pytest.raises(
+        ArtifactExistsError, match=r"01-resume-ddp already exists, and an arm never overwrites"
+    ):
+        assert_resume_bitexact(again, strategy="ddp")
+    assert again.calls == 0
