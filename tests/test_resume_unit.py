@@ -515,18 +515,27 @@ def test_a_file_of_another_format_or_kind_is_refused(tmp_path: Any) -> None:
 
 
 class _Roles:
-    """A recipe whose resume_roles returns a prepared run (no processes): what assert_resume_bitexact stores."""
+    """A recipe whose roles are a prepared run (no processes): what resume_roles stores, the assertion lists."""
 
-    def __init__(self, run: ResumeRun) -> None:
+    def __init__(self, run: ResumeRun, monkeypatch: pytest.MonkeyPatch, artifacts: Any = None) -> None:
         self.run = run
+        self.artifacts = artifacts
         self.calls = 0
+        monkeypatch.setattr("pytest_sprite.recipes.resume.run_resume_roles", self._roles)
 
-    def resume_roles(self, **_: Any) -> ResumeRun:
+    def _roles(self, *_: Any, directory: str, **__: Any) -> ResumeRun:
         self.calls += 1
-        return self.run
+        return dataclasses.replace(self.run, directory=directory)
+
+    def resume_roles(self, **kw: Any) -> ResumeRun:
+        from pytest_sprite.recipes.resume import resume_roles
+
+        return resume_roles(self, **kw, world=None, artifacts=self.artifacts)
 
 
-def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(tmp_path: Any) -> None:
+def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
     import shutil
 
@@ -534,8 +543,11 @@ def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(tm
     from pytest_sprite.report.judge import judge_directory
 
     checkpoints = tmp_path / "ck"
-    recipe = _Roles(dataclasses.replace(_run(), directory=str(checkpoints)))
-    result = assert_resume_bitexact(recipe, strategy="ddp")
+    result = assert_resume_bitexact(
+        _Roles(dataclasses.replace(_run(), strategy="single"), monkeypatch),
+        strategy="single",
+        directory=checkpoints,
+    )
     assert sorted(p.name for p in checkpoints.iterdir()) == ["resume-01.assertion.json", "resume-run.pt"]
     manifest = json.loads((checkpoints / "resume-01.assertion.json").read_text())
     assert manifest["inputs"] == ["resume-run.pt"] and manifest["result"] == result.to_dict()
@@ -550,25 +562,42 @@ def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(tm
     first["loss"] = math.nextafter(first["loss"], math.inf)
     torch.save(data, tmp_path / "copy" / "resume-run.pt")
     [judged] = judge_directory(tmp_path / "copy")
-    assert judged.failed and judged.changed == ["ddp resume: pass -> FAIL"]
+    assert judged.failed and judged.changed == ["single resume: pass -> FAIL"]
     assert [f["check"] for f in judged.result["arms"][0]["failed"]] == ["first_loss"]
 
+    # A second check into the same checkpoint directory stores beside the first, overwriting nothing.
+    assert_resume_bitexact(
+        _Roles(dataclasses.replace(_run(), strategy="single"), monkeypatch),
+        strategy="single",
+        directory=checkpoints,
+    )
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "resume-01.assertion.json",
+        "resume-02.assertion.json",
+        "resume-run-02.pt",
+        "resume-run.pt",
+    ]
+    assert json.loads((checkpoints / "resume-02.assertion.json").read_text())["inputs"] == [
+        "resume-run-02.pt"
+    ]
 
-def test_under_artifacts_an_existing_result_is_refused_before_any_role_runs(tmp_path: Any) -> None:
+
+def test_under_artifacts_an_existing_result_is_refused_before_any_role_runs(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pytest_sprite.assertions.resume import assert_resume_bitexact
     from pytest_sprite.recipes.artifacts import ArtifactDir, ArtifactExistsError
 
-    recipe = _Roles(dataclasses.replace(_run(), directory=str(tmp_path / "ck")))
-    recipe.artifacts = ArtifactDir.for_test(tmp_path / "art", "t.py::test")  # type: ignore[attr-defined]
-    assert_resume_bitexact(recipe, strategy="ddp")
-    stored = tmp_path / "art" / "t.py__test" / "01-resume-ddp"
+    run = dataclasses.replace(_run(), strategy="single")
+    art = ArtifactDir.for_test(tmp_path / "art", "t.py::test")
+    assert_resume_bitexact(_Roles(run, monkeypatch, art), strategy="single", directory=tmp_path / "ck")
+    stored = tmp_path / "art" / "t.py__test" / "01-resume-single"
     assert sorted(p.name for p in stored.iterdir()) == ["resume-01.assertion.json", "resume-run.pt"]
-    assert not (tmp_path / "ck").exists()  # stored under --sprite-artifacts only
+    assert list((tmp_path / "ck").iterdir()) == []  # stored under --sprite-artifacts only
 
-    again = _Roles(recipe.run)
-    again.artifacts = ArtifactDir.for_test(tmp_path / "art", "t.py::test")  # type: ignore[attr-defined]
+    again = _Roles(run, monkeypatch, ArtifactDir.for_test(tmp_path / "art", "t.py::test"))
     with pytest.raises(
-        ArtifactExistsError, match=r"01-resume-ddp already exists, and an arm never overwrites"
+        ArtifactExistsError, match=r"01-resume-single already exists, and an arm never overwrites"
     ):
-        assert_resume_bitexact(again, strategy="ddp")
+        assert_resume_bitexact(again, strategy="single", directory=tmp_path / "ck2")
     assert again.calls == 0

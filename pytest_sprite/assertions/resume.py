@@ -13,9 +13,9 @@ iteration, so a correct resume reduces in another order), whether the twin fit r
 and whether the resumed run's RNG streams match (Lightning does not checkpoint RNG state).
 
 The comparison is pure: it reads a :class:`~pytest_sprite.records.ResumeRun` and imports torch only to
-compare tensors. :func:`assert_resume_bitexact` runs the roles (in sub-worlds), judges them, and stores the
-run it judged (``resume-run.pt``, under ``--sprite-artifacts`` or beside the checkpoints) with a manifest,
-so ``python -m pytest_sprite judge DIR`` judges it again offline.
+compare tensors. :func:`assert_resume_bitexact` runs the roles (in sub-worlds; the recipe stores the run as
+``resume-run.pt``, under ``--sprite-artifacts`` or beside the checkpoints), judges them, and leaves a
+manifest beside the stored run, so ``python -m pytest_sprite judge DIR`` judges it again offline.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pytest_sprite._ranges import fold_ranks
-from pytest_sprite._results import record_assertion, running_item
+from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
@@ -79,7 +78,6 @@ _GAP_HEADERS = (
 )
 _ARM_HEADERS = ("Arm", "Role", "Ranks", "Loads", "Result", "Failed checks")
 _SHOWN = 4
-T = TypeVar("T")
 
 
 class ResumeError(AssertionFailure):
@@ -735,38 +733,24 @@ def assert_resume_bitexact(
     (a negative control for ``expect_fault_rejected``). Checkpoints go to ``directory`` (default: a fresh
     directory of rank 0's, shared with every rank).
 
-    Rank 0 stores the run it judged as ``resume-run.pt``: in a fresh ``NN-resume-<strategy>`` directory of
-    the test under ``--sprite-artifacts``, else beside the checkpoints in ``directory``; a manifest beside it
-    lets ``python -m pytest_sprite judge`` judge it again. A ``ResumeRun`` given is stored only under
-    ``--sprite-artifacts``.
+    The recipe stores the run it hands back (rank 0 writes ``resume-run.pt``: in a fresh
+    ``NN-resume-<strategy>`` directory of the test under ``--sprite-artifacts``, else beside the
+    checkpoints in ``directory``); the manifest this assertion leaves beside it lets
+    ``python -m pytest_sprite judge`` judge it again. A ``ResumeRun`` read back with
+    :func:`~pytest_sprite.recipes.artifacts.load_resume_run` names its file the same way.
 
     Raises :class:`ResumeError` with the seed's tables when a required check fails; returns the
     :class:`ResumeResult` otherwise.
     """
-    from pytest_sprite.recipes.artifacts import ArtifactDir, test_artifacts, write_resume_run
-
-    item = running_item()
-    given = isinstance(recipe, ResumeRun)
-    roles: Callable[..., ResumeRun] | None = getattr(recipe, "resume_roles", None)
-    if not given and not callable(roles):
-        raise SpriteUsageError(
-            f"assert_resume_bitexact needs the lora_qwen fixture (or a recipe with a resume_roles(...) "
-            f"method, or a ResumeRun to judge again), got {type(recipe).__name__}"
-        )
-    # The lora_qwen fixture's artifact directory counts with its arms; a project's Recipe uses the test's.
-    artifacts = getattr(recipe, "artifacts", None)
-    if not isinstance(artifacts, ArtifactDir):
-        artifacts = test_artifacts(item) if item is not None else None
-    target = None
-    if artifacts is not None:  # claimed before any role runs, so an old result is refused at once
-        target = _on_rank0(
-            artifacts.next_resume_dir,
-            strategy=recipe.strategy if isinstance(recipe, ResumeRun) else strategy,
-            fault=recipe.fault if isinstance(recipe, ResumeRun) else fault,
-        )
-    if given or roles is None:
+    if isinstance(recipe, ResumeRun):
         run = recipe
     else:
+        roles = getattr(recipe, "resume_roles", None)
+        if not callable(roles):
+            raise SpriteUsageError(
+                f"assert_resume_bitexact needs the lora_qwen fixture (or a recipe with a resume_roles(...) "
+                f"method, or a ResumeRun to judge again), got {type(recipe).__name__}"
+            )
         run = roles(
             strategy=strategy,
             precision=precision,
@@ -775,25 +759,10 @@ def assert_resume_bitexact(
             fault=fault,
             directory=directory,
         )
-    stored: Path | None = None
-    if target is not None:
-        stored = _on_rank0(write_resume_run, run, target, fresh=True)
-    elif not given and run.directory is not None:
-        stored = _on_rank0(write_resume_run, run, run.directory, fresh=False)
-    result = record_assertion(judge_resume(run), inputs=[stored])
+    result = record_assertion(judge_resume(run), inputs=[run.source])
     if not result.passed:
         raise ResumeError(result.report(), failed=result.failed, result=result)
     return result
-
-
-def _on_rank0(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn`` run by rank 0 only (the others wait and get its value); every rank outside a ranks test."""
-    from pytest_sprite.world import current_world
-
-    world = current_world()
-    if world is None:
-        return fn(*args, **kwargs)
-    return world.run_on_rank(0, fn, *args, **kwargs)
 
 
 def _json(x: float) -> float | str:

@@ -191,7 +191,8 @@ class LoraQwen:
         """Every role of the checkpoint resume check, each in its own sub-world (``assert_resume_bitexact``).
 
         The seed's Checkpoints recipe on this model and seed: AdamW, a per-step LR schedule, global-norm
-        clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks. Call it on every rank.
+        clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks. Call it on every rank. Rank 0
+        stores the run (``resume-run.pt``) under this object's artifact directory, else beside the checkpoints.
         """
         from pytest_sprite.recipes.resume import resume_roles
 
@@ -204,6 +205,7 @@ class LoraQwen:
             fault=fault,
             directory=directory,
             world=self.world,
+            artifacts=self.artifacts,
         )
 
     @property

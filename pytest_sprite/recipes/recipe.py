@@ -244,7 +244,9 @@ class Recipe:
         What ``assert_resume_bitexact(recipe, ...)`` calls: the seed's Checkpoints recipe (AdamW, a per-step
         LR schedule, global-norm clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks) trained
         on this recipe's model, rows and loss. Call it on every rank. The roles run in fresh processes, so
-        the recipe must pickle: its callables must be top-level functions or classes, not lambdas.
+        the recipe must pickle: its callables must be top-level functions or classes, not lambdas. Rank 0
+        stores the run (``resume-run.pt``) under the test's ``--sprite-artifacts`` directory, else beside
+        the checkpoints.
         """
         import pickle
 
@@ -274,7 +276,17 @@ class Recipe:
             directory=directory,
             world=world,
             source=self,
+            artifacts=_test_artifacts(),
         )
+
+
+def _test_artifacts() -> ArtifactDir | None:
+    """The running test's ``--sprite-artifacts`` directory (where a resume check stores its run), if any."""
+    from pytest_sprite._results import running_item
+    from pytest_sprite.recipes.artifacts import test_artifacts
+
+    item = running_item()
+    return test_artifacts(item) if item is not None else None
 
 
 def _world_of_one() -> World:
