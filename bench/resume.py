@@ -31,6 +31,7 @@ import transformers  # noqa: F401
 from pytest_sprite import subworld
 from pytest_sprite.assertions.resume import judge_resume
 from pytest_sprite.recipes._resume import ResumeRecipe
+from pytest_sprite.recipes.artifacts import load_resume_run, write_resume_run
 from pytest_sprite.recipes.resume import run_resume_roles
 
 # The seed's checkpoint cells on 4 A100s (one run each): verdicts only; the seed prints no timings.
@@ -84,8 +85,19 @@ def one_check(strategy: str, ranks: int, precision: str) -> dict[str, Any]:
             reshard=strategy == "fsdp",
         )
         wall = time.perf_counter() - start
+        saved = time.perf_counter()
+        stored = write_resume_run(run, root, fresh=False)
+        save = time.perf_counter() - saved
+        size = stored.stat().st_size
+        loaded = time.perf_counter()
+        again = judge_resume(load_resume_run(stored))
+        reload = time.perf_counter() - loaded
     result = judge_resume(run)
+    assert again.to_dict() == result.to_dict(), "the stored run was judged differently"
     return {
+        "stored_kb": size / 1024,
+        "save": save,
+        "reload": reload,
         "wall": wall,
         "startup": sum(s for _, s in run.timings.values()),
         "roles": run.timings,
@@ -122,14 +134,17 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"resume check, {args.ranks} ranks, {args.precision}, tiny Qwen2 on CPU (gloo); sub-worlds by fork")
-    print(f"{'strategy':<10} {'check s':>8} {'start-up s':>11}  roles (wall s / start-up s)  verdict")
+    print(
+        f"{'strategy':<10} {'check s':>8} {'start-up s':>11}  roles (wall s / start-up s)  verdict  stored KB  save s  load+judge s"
+    )
     results = {}
     for strategy in args.strategies:
         fig = one_check(strategy, args.ranks, args.precision)
         results[strategy] = fig
         roles = " ".join(f"{k} {w:.1f}/{s:.2f}" for k, (w, s) in fig["roles"].items())
         print(
-            f"{strategy:<10} {fig['wall']:>8.1f} {fig['startup']:>11.2f}  {roles}  {fig['verdict']}",
+            f"{strategy:<10} {fig['wall']:>8.1f} {fig['startup']:>11.2f}  {roles}  {fig['verdict']}"
+            f"  {fig['stored_kb']:>9.0f}  {fig['save']:>6.3f}  {fig['reload']:>12.3f}",
             flush=True,
         )
 

@@ -57,7 +57,7 @@ test_dir_name.__test__ = False  # type: ignore[attr-defined]  # not a pytest tes
 
 @dataclass(kw_only=True)
 class ArtifactDir:
-    """Where one test's arms write their records; counts arms so each gets its own fresh directory."""
+    """Where one test's arms and resume checks write their records; counts them so each gets a fresh directory."""
 
     root: Path
     """``--sprite-artifacts`` directory."""
