@@ -35,3 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _pytester_sessions_without_hypothesis(request: pytest.FixtureRequest) -> None:
+    """Start pytester's sessions without hypothesis' pytest plugin, unless the test is about hypothesis.
+
+    That plugin imports all of hypothesis in every session's terminal summary (about 1.3 s here, 2.4 s
+    for a session with ranks tests), which over this suite's ~150 pytester sessions is minutes of CI.
+    Pytester clears ``PYTEST_ADDOPTS`` when it starts, so this sets it after pytester is set up.
+    """
+    if "pytester" not in request.fixturenames or request.node.get_closest_marker("hypothesis_plugin"):
+        return
+    request.getfixturevalue("pytester")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")

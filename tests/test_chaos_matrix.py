@@ -200,6 +200,7 @@ def test_command_form_on_the_torch_protocol_script(tmp_path: Path, protocols: An
     assert matrix.passed and {r.event for r in matrix.rows} >= {"torch.save", "rename"}
 
 
+@pytest.mark.slow  # 35 s; test_command_form_crashes_an_unmodified_script fails the same protocol
 def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
     pytester: pytest.Pytester,
 ) -> None:

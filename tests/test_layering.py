@@ -95,8 +95,9 @@ def _p(name: str) -> str:
         ),
         # Results and progress lines: stdlib and pytest, plus the in-rank world to know the rank.
         ("_results", ("world",)),
-        # Sub-worlds fork fresh ranks: the world they hand the function, device choice and rank variables.
-        ("subworld", ("world", "errors", "_device", "_rankenv", "_ranges", "_timing")),
+        # Sub-worlds fork fresh ranks: the world they hand the function, device choice, rank variables and
+        # the process plumbing every fork shares.
+        ("subworld", ("world", "errors", "_device", "_rankenv", "_ranges", "_timing", "_process")),
         ("records", ("errors",)),
         ("faults", ("errors",)),
         ("_device", ()),

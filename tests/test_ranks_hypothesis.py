@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hypothesis")
 
-pytestmark = pytest.mark.cpu
+pytestmark = [pytest.mark.cpu, pytest.mark.hypothesis_plugin]
 
 TIMEOUT = 240
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import shutil
 import subprocess
@@ -275,13 +277,21 @@ def test_parity(lora_qwen):
 """
 
 
-def judge(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest_sprite", "judge", str(directory)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+def judge(directory: Path, *, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest_sprite judge DIR``; ``in_process`` calls its ``main`` here (no interpreter start)."""
+    if not in_process:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_sprite", "judge", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    from pytest_sprite.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["judge", str(directory)])
+    return subprocess.CompletedProcess(["judge", str(directory)], code, out.getvalue(), err.getvalue())
 
 
 @needs["recipes"]
@@ -374,7 +384,7 @@ def test_judge_judges_a_stored_resume_run_again(pytester: pytest.Pytester, tmp_p
     copy = tmp_path / "copy"
     shutil.copytree(pytester.path / "art", copy)
     shutil.rmtree(pytester.path / "art")  # the copy must stand on its own
-    again = judge(copy)
+    again = judge(copy, in_process=True)
     assert again.returncode == 0, again.stdout + again.stderr
     manifest = "test_resume.py__test_resume/01-resume-single/resume-01.assertion.json"
     assert any(
@@ -393,14 +403,14 @@ def test_judge_judges_a_stored_resume_run_again(pytester: pytest.Pytester, tmp_p
     name = next(iter(trainables))
     trainables[name] = torch.nextafter(trainables[name], torch.full_like(trainables[name], float("inf")))
     torch.save(edited, file)
-    failing = judge(copy)
+    failing = judge(copy, in_process=True)
     assert failing.returncode == 1, failing.stdout + failing.stderr
     assert f"verdict changed since the run: {manifest}: single resume: pass -> FAIL" in failing.stdout
     assert failing.stdout.splitlines()[-1] == "judged 1 stored assertions: 1 failed, 1 verdicts changed"
 
     # A file of another format is refused, clearly, as bad usage.
     torch.save({**edited, "format": 99}, file)
-    refused = judge(copy)
+    refused = judge(copy, in_process=True)
     assert refused.returncode == 2
     assert refused.stderr == (
         f"error: {file}: this is not a resume run of format 1 (format 99, kind 'resume'); judge it with the "

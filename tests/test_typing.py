@@ -13,6 +13,7 @@ pytestmark = pytest.mark.cpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # 92 s of CI; `mypy --strict pytest_sprite` is in the development commands
 def test_mypy_strict_over_the_package(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[test]')")
     # The cache provider may be disabled (-p no:cacheprovider): then the cache lives in tmp_path.
