@@ -453,6 +453,8 @@ def test_a_lost_agent_fails_its_test_and_leaves_no_rank_behind(pytester: pytest.
             if world.rank == 1:
                 with open("rank1.pid", "w") as fh:
                     fh.write(str(os.getpid()))
+                # the agent relays the setup report before the kill; a loss before it arrives is "during setup"
+                time.sleep(1)
                 os.kill(os.getppid(), signal.SIGKILL)
                 time.sleep(1000)  # dies with its agent, not after this sleep
             dist.barrier()

@@ -304,6 +304,7 @@ def test_launch_that_dies_before_agents_connect(
 
 
 @needs_mpiexec
+@pytest.mark.slow  # 22 s (a 15 s connect timeout); test_launch_that_dies_before_agents_connect runs in CI
 def test_fewer_agents_than_asked_within_connect_timeout(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
