@@ -49,6 +49,8 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
         (1, "ckpt-4.tmp/optim-1.pt", True, "PASS"),
     ]
     assert all(r["verdict"] == "PASS" for r in rows)
-    # a mkdir point is planned from the fault-free run; when rank 0 wins the race in the crashed run,
-    # rank 1 never makes that folder and the row says the point was not reached
-    assert all(r["crashed"] or (r["event"] == "mkdir" and "not reached" in r["note"]) for r in rows)
+    # A point is "rank 1's n-th event" of the fault-free run. Which rank makes a .tmp folder is a race, so
+    # in a crashed run rank 1's n-th event can be another one, or never come: the row then says so.
+    assert any(r["crashed"] and r["rank"] == 1 for r in rows)
+    assert all(r["crashed"] or "not reached" in r["note"] for r in rows)
+    assert all(r["note"] == "" or "not reached" in r["note"] or r["note"].startswith("died at ") for r in rows)
