@@ -33,6 +33,8 @@ def test_the_scripts_pytest_command_line_is_accepted(pytester: pytest.Pytester, 
     config = pytester.parseconfig(*args)  # raises UsageError on an unknown option
     assert config.getoption("sprite_ranks") == "2"
     assert config.getoption("keyword") == "clean or loss"  # SPRITE_K stays one -k word
+    # a test's ranks share tmp_path across nodes: the basetemp is in the job's folder on the shared filesystem
+    assert config.getoption("basetemp") == str(pytester.path / "tmp")
 
 
 SUITE = ROOT / "pytest_sprite" / "suite" / "test_criterion_v2.py"
