@@ -30,6 +30,7 @@ def world(request: pytest.FixtureRequest) -> World:
         size=1,
         local_rank=0,
         local_size=1,
+        local_devices=(0,),
         node=0,
         device=device,
         backend=None,

@@ -75,6 +75,8 @@ class RunSpec(TypedDict):
     node: int
     device_index: int
     """The agent's own launcher local rank: the device this child uses, so tests side by side never share one."""
+    local_devices: list[int]
+    """The device indices of this test's ranks on this node, in local-rank order (``World.local_devices``)."""
     master_addr: str
     master_port: int
     device: str

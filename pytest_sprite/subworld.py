@@ -318,6 +318,10 @@ class _RankSpec:
     local_rank: int
     local_size: int
     node: int
+    device_index: int
+    """The device this rank computes on: that of the test rank it runs on (its local rank in a plain test)."""
+    local_devices: tuple[int, ...]
+    """The device indices of the sub-world's ranks on this node, in local-rank order (``World.local_devices``)."""
     store_host: str
     store_port: int
     device: str
@@ -414,7 +418,7 @@ def _join(spec: _RankSpec) -> tuple[World, Any]:
     _export_env(spec)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.local_size))
-    device, backend = select_device(spec.device, spec.local_rank, spec.local_size)
+    device, backend = select_device(spec.device, spec.device_index, spec.local_size)
     if dist.is_initialized():  # inherited through fork only in a broken setup; never reuse a group
         raise RuntimeError("a sub-world rank started with a process group already initialized")
     timeout = timedelta(seconds=spec.timeout + 60)
@@ -436,6 +440,7 @@ def _join(spec: _RankSpec) -> tuple[World, Any]:
         size=spec.world_size,
         local_rank=spec.local_rank,
         local_size=spec.local_size,
+        local_devices=spec.local_devices,
         node=spec.node,
         device=device,
         backend=backend,
@@ -882,7 +887,16 @@ def _run_in_plain_test(
     start = monotonic()
     store = _tcp_store("127.0.0.1", 0, is_master=True)
     specs = [
-        dict(rank=r, world_size=size, local_rank=r, local_size=size, node=0, store_host="127.0.0.1")
+        dict(
+            rank=r,
+            world_size=size,
+            local_rank=r,
+            local_size=size,
+            node=0,
+            device_index=r,
+            local_devices=tuple(range(size)),
+            store_host="127.0.0.1",
+        )
         for r in range(size)
     ]
     hosted, forker, run_dir = _start(
@@ -924,19 +938,22 @@ def _run_in_ranks_test(
     else:
         port = world.broadcast_object(0)
         store = _tcp_store(host, port, is_master=False)
-    layout = world.gather_object((world.local_rank, world.node))
+    # Sub-world rank r runs on test rank r and computes on that rank's device (packed tests sit on any
+    # agents' devices, so the sub-world's own local rank would pick a neighbour's).
+    layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
     mine: list[dict[str, Any]] = []
     if world.rank < size:
-        node = layout[world.rank][1]
-        local_size = sum(1 for _, n in layout[:size] if n == node)
-        local_rank = sum(1 for _, n in layout[: world.rank] if n == node)
+        node, device_index = layout[world.rank]
+        local_devices = tuple(d for n, d in layout[:size] if n == node)
         mine.append(
             dict(
                 rank=world.rank,
                 world_size=size,
-                local_rank=local_rank,
-                local_size=local_size,
+                local_rank=sum(1 for n, _ in layout[: world.rank] if n == node),
+                local_size=len(local_devices),
                 node=node,
+                device_index=device_index,
+                local_devices=local_devices,
                 store_host=host,
             )
         )

@@ -36,10 +36,17 @@ class World:
     """Rank among this test's processes on this node (LOCAL_RANK); the device is the agent's own."""
     local_size: int
     """Number of ranks of this test on this node."""
+    local_devices: tuple[int, ...]
+    """Device indices of this test's ranks on this node, in local-rank order (``local_devices[local_rank]`` is
+    this rank's). Packed tests sit on any free agents, so a ``ranks(2)`` test may compute on devices 4 and 5
+    while LOCAL_RANK says 0 and 1: pass ``devices=list(world.local_devices)`` to a Lightning Trainer (not
+    ``devices=world.local_size``) so its ``parallel_devices[LOCAL_RANK]`` choice lands on this test's devices
+    and not on a neighbour's. ``(0, ..., local_size-1)`` when the test runs alone (``--pack=off``)."""
     node: int
     """Node index (rank // ranks per node)."""
     device: torch.device
-    """Device this rank computes on: ``xpu:<local rank>``, ``cuda:<i>`` or ``cpu``."""
+    """Device this rank computes on: ``xpu:<i>``, ``cuda:<i>`` or ``cpu``, where ``i`` is its agent's device
+    (``local_devices[local_rank]``), not LOCAL_RANK."""
     backend: str | None
     """Backend of the default process group (``gloo``, ``nccl``, ``xccl``), None in a world of one."""
     _sink: CollectSink = field(repr=False)

@@ -132,6 +132,7 @@ def test_rank_path_is_under_the_shared_tmp_path(tmp_path: Path) -> None:
             size=2,
             local_rank=rank,
             local_size=2,
+            local_devices=(0, 1),
             node=0,
             device=None,  # type: ignore[arg-type]
             backend="gloo",

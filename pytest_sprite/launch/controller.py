@@ -409,6 +409,7 @@ class Controller:
                 local_size=where.local_size,
                 node=where.node,
                 device_index=where.device_index,
+                local_devices=list(where.local_devices),
                 master_addr=master,
                 master_port=port,
                 device=self.settings.device,

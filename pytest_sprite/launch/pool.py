@@ -14,7 +14,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot
 
-__all__ = ["AgentPool", "Event", "Placement"]
+__all__ = ["AgentPool", "Event", "Placement", "place"]
 
 Event = tuple[int, str, dict[str, Any]]
 """(rank, event name, payload) as the reader threads enqueue it."""
@@ -44,6 +44,38 @@ class Placement:
     local_size: int
     node: int
     device_index: int
+    local_devices: tuple[int, ...]
+    """The device indices of the test's ranks on this node, in local-rank order (``local_devices[local_rank]``
+    is ``device_index``): what a Lightning Trainer needs as ``devices=`` so its LOCAL_RANK pick is this test's."""
+
+
+def place(ranks: Sequence[tuple[Hashable, int]]) -> list[Placement]:
+    """Where each rank of a test sits, from its agent's (node, device index), test rank r at ``ranks[r]``.
+
+    Ranks share a node when their agents share a host and launcher node id; the test's nodes are numbered
+    in order of their first rank, and its local ranks count its own ranks on each node. The device index is
+    the agent's launcher local rank, so tests side by side never share a device; each rank also gets the
+    device indices of its node's ranks of the test, which differ from 0..local_size-1 once tests are packed.
+    """
+    nodes: list[Hashable] = []
+    devices: dict[Hashable, list[int]] = {}
+    local: list[int] = []
+    for node, device in ranks:
+        if node not in nodes:
+            nodes.append(node)
+        on_node = devices.setdefault(node, [])
+        local.append(len(on_node))
+        on_node.append(device)
+    return [
+        Placement(
+            local_rank=local[rank],
+            local_size=len(devices[node]),
+            node=nodes.index(node),
+            device_index=device,
+            local_devices=tuple(devices[node]),
+        )
+        for rank, (node, device) in enumerate(ranks)
+    ]
 
 
 @dataclass
@@ -228,30 +260,8 @@ class AgentPool:
         return [Slot(rank=rank, node=nodes.index(self.agents[rank].node)) for rank in sorted(self.agents)]
 
     def placement(self, agents: Sequence[int]) -> list[Placement]:
-        """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``).
-
-        Ranks share a node when their agents share a host and launcher node id; the test's nodes are
-        numbered in order of their first rank, and its local ranks count its own ranks on each node. The
-        device index is the agent's launcher local rank, so tests side by side never share a device.
-        """
-        nodes: list[tuple[str, int | None]] = []
-        counts: dict[tuple[str, int | None], int] = {}
-        local: list[int] = []
-        for agent in agents:
-            node = self.agents[agent].node
-            if node not in nodes:
-                nodes.append(node)
-            local.append(counts.get(node, 0))
-            counts[node] = local[-1] + 1
-        return [
-            Placement(
-                local_rank=local[rank],
-                local_size=counts[self.agents[agent].node],
-                node=nodes.index(self.agents[agent].node),
-                device_index=self.agents[agent].local_rank,
-            )
-            for rank, agent in enumerate(agents)
-        ]
+        """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``); see :func:`place`."""
+        return place([(self.agents[agent].node, self.agents[agent].local_rank) for agent in agents])
 
     def output_tail(self) -> str:
         """The launch log's last lines (empty before the launch)."""

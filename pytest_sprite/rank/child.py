@@ -178,6 +178,7 @@ class ChildSession:
             size=spec["world_size"],
             local_rank=spec["local_rank"],
             local_size=spec["local_size"],
+            local_devices=tuple(spec["local_devices"]),
             node=spec["node"],
             device=device,
             backend=backend,

@@ -322,7 +322,12 @@ def _quiet_lightning() -> Iterator[None]:
 
 
 def _lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]:
-    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device (xpu, cuda, cpu)."""
+    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device (xpu, cuda, cpu).
+
+    On an accelerator ``devices`` is the list of this test's devices on the node (``world.local_devices``):
+    Lightning gives local rank i ``devices[i]``, which for a packed test is its agents' devices (4 and 5,
+    say), not 0 and 1, which a test beside it may be using. On CPU it stays the count of local ranks.
+    """
     from pytest_sprite.lightning import trainer_kwargs
 
     accelerator = world.device.type
@@ -335,7 +340,7 @@ def _lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]
         )
     return trainer_kwargs(
         kind,  # type: ignore[arg-type]
-        devices=world.local_size,
+        devices=world.local_size if accelerator == "cpu" else list(world.local_devices),
         num_nodes=world.size // world.local_size,
         precision=precision,
         accelerator=accelerator,  # type: ignore[arg-type]
