@@ -938,25 +938,8 @@ def _run_in_ranks_test(
     else:
         port = world.broadcast_object(0)
         store = _tcp_store(host, port, is_master=False)
-    # Sub-world rank r runs on test rank r and computes on that rank's device (packed tests sit on any
-    # agents' devices, so the sub-world's own local rank would pick a neighbour's).
     layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
-    mine: list[dict[str, Any]] = []
-    if world.rank < size:
-        node, device_index = layout[world.rank]
-        local_devices = tuple(d for n, d in layout[:size] if n == node)
-        mine.append(
-            dict(
-                rank=world.rank,
-                world_size=size,
-                local_rank=sum(1 for n, _ in layout[: world.rank] if n == node),
-                local_size=len(local_devices),
-                node=node,
-                device_index=device_index,
-                local_devices=local_devices,
-                store_host=host,
-            )
-        )
+    mine = [dict(_subworld_place(layout, size, world.rank), store_host=host)] if world.rank < size else []
     hosted, forker, run_dir = _start(_ZYGOTE, fn, args, kwargs, mine, port, kill, timeout, world.device.type)
     _watch(hosted, forker, store, size, timeout, start)
     outcomes = [_outcome(h, run_dir) for h in hosted]
@@ -971,6 +954,25 @@ def _run_in_ranks_test(
         outcomes=_attribute(all_outcomes),
         wall_s=world.broadcast_object(monotonic() - start),
         start_s=max(s for _, s in gathered[:size]) if size else 0.0,
+    )
+
+
+def _subworld_place(layout: Sequence[tuple[int, int]], size: int, rank: int) -> dict[str, Any]:
+    """Where sub-world rank ``rank`` of ``size`` sits, from each test rank's (node, device index) in ``layout``.
+
+    Sub-world rank r runs on test rank r and computes on that rank's device: a packed test sits on any
+    agents' devices (4 and 5, say), so the sub-world's own local rank (0, 1) would pick a neighbour's.
+    """
+    node, device_index = layout[rank]
+    local_devices = tuple(device for n, device in layout[:size] if n == node)
+    return dict(
+        rank=rank,
+        world_size=size,
+        local_rank=sum(1 for n, _ in layout[:rank] if n == node),
+        local_size=len(local_devices),
+        node=node,
+        device_index=device_index,
+        local_devices=local_devices,
     )
 
 
