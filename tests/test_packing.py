@@ -106,6 +106,61 @@ def test_own_world(world, name):
     assert len(set(agents.values())) == 4, f"two ranks side by side shared an agent: {agents}"
 
 
+SUB_DEVICES = """
+def sub_devices(world):
+    return (world.local_devices, world.local_devices[world.local_rank], world.local_rank)
+"""
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_tests_side_by_side_compute_on_their_own_agents_devices(
+    pytester: pytest.Pytester, launcher: str
+) -> None:
+    # On cpu every rank computes on the cpu, but the device indices the harness hands out are the ones an
+    # accelerator would use (xpu:<i>, cuda:<i>, Lightning's devices=): each agent's own, whatever the test.
+    pytester.makepyfile(subfns=SUB_DEVICES)
+    spot = suite(
+        pytester,
+        """
+from pytest_sprite import run_subworld
+from subfns import sub_devices
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("name", ["a", "b", "c", "d"])
+def test_devices(world, name):
+    devices = world.local_devices
+    assert len(devices) == world.local_size == 2 and len(set(devices)) == 2
+    assert world.gather_object(devices) == [devices, devices]
+    mine = devices[world.local_rank]
+    tag = "-".join(map(str, devices))
+    touch(f"{name}.{world.rank}.agent-{os.getppid()}.device-{mine}.devices-{tag}")
+    # a sub-world rank computes on the device of the test rank it runs on, and lists the test's devices
+    assert run_subworld(sub_devices).values() == [(devices, devices[0], 0), (devices, devices[1], 1)]
+    partner = dict(a="b", b="a", c="d", d="c")[name]
+    meet(f"{name}.{world.rank}", f"{partner}.{world.rank}")
+""",
+    )
+    result = run(pytester, "--ranks=4", f"--launcher={launcher}", "--connect-timeout=120")
+    result.assert_outcomes(passed=4)
+    assert side_by_side(result) == 2
+    seen = [p.name.split(".") for p in spot.glob("*.agent-*")]
+    assert len(seen) == 8, sorted(p.name for p in spot.iterdir())
+    # agent -> the device index its children were given, in every test it ran
+    device_of: dict[str, set[int]] = {}
+    lists: dict[str, set[tuple[int, ...]]] = {}  # test -> its local_devices
+    for name, _rank, agent, device, devices in seen:
+        device_of.setdefault(agent, set()).add(int(device.removeprefix("device-")))
+        lists.setdefault(name, set()).add(tuple(int(d) for d in devices.removeprefix("devices-").split("-")))
+    assert len(device_of) == 4 and all(len(d) == 1 for d in device_of.values()), device_of
+    assert sorted(d for (d,) in device_of.values()) == [0, 1, 2, 3], f"two agents share a device: {device_of}"
+    assert all(len(v) == 1 for v in lists.values()), lists
+    (a,), (b,), (c,), (d,) = (lists[n] for n in "abcd")
+    assert not set(a) & set(b) and not set(c) & set(d), f"tests side by side share devices: {lists}"
+    # packed, some test runs on agents 2 and 3: its devices are theirs, not its LOCAL_RANKs 0 and 1
+    assert (2, 3) in {a, b, c, d}, lists
+
+
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_same_outcomes_and_failure_text_packed_or_not(pytester: pytest.Pytester, launcher: str) -> None:
     suite(
@@ -356,6 +411,7 @@ def test_pack_off_runs_one_at_a_time_and_says_so(
 @pytest.mark.parametrize("i", range(2))
 def test_two(world, i):
     assert world.local_rank == world.rank
+    assert world.local_devices == (0, 1)  # one test at a time: agents 0 and 1, as before packing
 """,
     )
     monkeypatch.setenv("SPRITE_PACK", "off")
