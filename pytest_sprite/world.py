@@ -36,12 +36,14 @@ class World:
     """Rank among this test's processes on this node (LOCAL_RANK); the device is the agent's own."""
     local_size: int
     """Number of ranks of this test on this node."""
-    local_devices: tuple[int, ...]
+    local_devices: tuple[int, ...] = field(repr=False)
     """Device indices of this test's ranks on this node, in local-rank order (``local_devices[local_rank]`` is
     this rank's). Packed tests sit on any free agents, so a ``ranks(2)`` test may compute on devices 4 and 5
     while LOCAL_RANK says 0 and 1: pass ``devices=list(world.local_devices)`` to a Lightning Trainer (not
     ``devices=world.local_size``) so its ``parallel_devices[LOCAL_RANK]`` choice lands on this test's devices
-    and not on a neighbour's. ``(0, ..., local_size-1)`` when the test runs alone (``--pack=off``)."""
+    and not on a neighbour's. ``(0, ..., local_size-1)`` when the test runs alone (``--pack=off``).
+    Left out of the repr: assertion rewriting prints the world, and a failure's text must not depend on
+    where the test was packed."""
     node: int
     """Node index (rank // ranks per node)."""
     device: torch.device
