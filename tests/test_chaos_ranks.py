@@ -53,4 +53,6 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
     # in a crashed run rank 1's n-th event can be another one, or never come: the row then says so.
     assert any(r["crashed"] and r["rank"] == 1 for r in rows)
     assert all(r["crashed"] or "not reached" in r["note"] for r in rows)
-    assert all(r["note"] == "" or "not reached" in r["note"] or r["note"].startswith("died at ") for r in rows)
+    assert all(
+        r["note"] == "" or "not reached" in r["note"] or r["note"].startswith("died at ") for r in rows
+    )
