@@ -25,15 +25,8 @@ def world(request: pytest.FixtureRequest) -> World:
 
     device, _ = select_device(request.config.stash[settings_key].device, 0, 1, bind=False)
     item = request.node
-    return World(
-        rank=0,
-        size=1,
-        local_rank=0,
-        local_size=1,
-        local_devices=(0,),
-        node=0,
-        device=device,
-        backend=None,
-        _sink=lambda name, rank, tensor: store_collected(item, name, rank, tensor),
-        _test_dir=lambda: request.getfixturevalue("tmp_path"),
+    return World.alone(
+        device,
+        sink=lambda name, rank, tensor: store_collected(item, name, rank, tensor),
+        test_dir=lambda: request.getfixturevalue("tmp_path"),
     )

@@ -55,6 +55,28 @@ class World:
     _test_dir: Callable[[], Path] | None = field(default=None, repr=False)
     """The test's ``tmp_path`` (the same directory on every rank), made when first asked for."""
 
+    @classmethod
+    def alone(
+        cls,
+        device: torch.device,
+        *,
+        sink: CollectSink | None = None,
+        test_dir: Callable[[], Path] | None = None,
+    ) -> World:
+        """The world of one process: a test without the ranks marker, or a recipe called outside a test."""
+        return cls(
+            rank=0,
+            size=1,
+            local_rank=0,
+            local_size=1,
+            local_devices=(0,),
+            node=0,
+            device=device,
+            backend=None,
+            _sink=sink if sink is not None else (lambda name, rank, tensor: None),
+            _test_dir=test_dir,
+        )
+
     @property
     def distributed(self) -> bool:
         """True when a default process group spans this test's ranks."""

@@ -295,17 +295,7 @@ def _world_of_one() -> World:
     from pytest_sprite.world import World
 
     device, _ = select_device("auto", 0, 1, bind=False)
-    return World(
-        rank=0,
-        size=1,
-        local_rank=0,
-        local_size=1,
-        local_devices=(0,),
-        node=0,
-        device=device,
-        backend=None,
-        _sink=lambda *a: None,
-    )
+    return World.alone(device)
 
 
 # -------------------------------------------------------------------------------------------------------
