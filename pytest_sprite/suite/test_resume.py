@@ -21,29 +21,28 @@ import transformers  # noqa: F401
 
 from pytest_sprite import assert_resume_bitexact, expect_fault_rejected
 
-SIZES = [2, 4, 12, 24, 48, 96]
 STRATEGIES = ["single", "ddp", "fsdp", "fsdp_file"]
 FAULTS = ["dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight"]
 
 
 @pytest.fixture
-def at_world_size(request: pytest.FixtureRequest, world) -> None:  # type: ignore[no-untyped-def]
-    """The resume checks run once, at the session's world size: smaller sizes are skipped."""
-    from pytest_sprite._settings import settings_key
+def at_world_size(world) -> None:  # type: ignore[no-untyped-def]
+    """The resume checks run once, at the whole world (``ranks("world")``), which must split in two."""
+    if world.size < 2 or world.size % 2:
+        pytest.skip(
+            f"the resume checks reshard FSDP2 to half the world, so they need an even world of 2 or more "
+            f"ranks, not {world.size}; run with --ranks=2, 4, ..."
+        )
 
-    session = request.config.stash[settings_key].world_size
-    if session is not None and world.size != session:
-        pytest.skip(f"the resume checks run at the world size (--ranks={session}), not at {world.size} ranks")
 
-
-@pytest.mark.ranks(SIZES)
+@pytest.mark.ranks("world")
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_resume(world, lora_qwen, at_world_size, strategy: str, precision: str) -> None:  # type: ignore[no-untyped-def]
     assert_resume_bitexact(lora_qwen, strategy=strategy, precision=precision, reshard=strategy == "fsdp")
 
 
-@pytest.mark.ranks(SIZES)
+@pytest.mark.ranks("world")
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 @pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
