@@ -22,6 +22,7 @@ world) and the crash-consistency check (die inside the n-th file event of a save
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import select
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, runtime_checkable
 
+from pytest_sprite._placement import place
 from pytest_sprite._process import one_thread_after_fork
 from pytest_sprite._ranges import fold_ranks
 from pytest_sprite._timing import monotonic, sleep
@@ -960,20 +962,11 @@ def _run_in_ranks_test(
 def _subworld_place(layout: Sequence[tuple[int, int]], size: int, rank: int) -> dict[str, Any]:
     """Where sub-world rank ``rank`` of ``size`` sits, from each test rank's (node, device index) in ``layout``.
 
-    Sub-world rank r runs on test rank r and computes on that rank's device: a packed test sits on any
-    agents' devices (4 and 5, say), so the sub-world's own local rank (0, 1) would pick a neighbour's.
+    Sub-world rank r runs on test rank r and computes on that rank's device (the rule that places a test's
+    ranks on agents): a packed test sits on any agents' devices (4 and 5, say), so the sub-world's own local
+    rank (0, 1) would pick a neighbour's.
     """
-    node, device_index = layout[rank]
-    local_devices = tuple(device for n, device in layout[:size] if n == node)
-    return dict(
-        rank=rank,
-        world_size=size,
-        local_rank=sum(1 for n, _ in layout[:rank] if n == node),
-        local_size=len(local_devices),
-        node=node,
-        device_index=device_index,
-        local_devices=local_devices,
-    )
+    return dict(rank=rank, world_size=size, **dataclasses.asdict(place(layout[:size])[rank]))
 
 
 def _start(
