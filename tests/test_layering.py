@@ -97,7 +97,10 @@ def _p(name: str) -> str:
         ("_results", ("world",)),
         # Sub-worlds fork fresh ranks: the world they hand the function, device choice, rank variables and
         # the process plumbing every fork shares.
-        ("subworld", ("world", "errors", "_device", "_rankenv", "_ranges", "_timing", "_process", "_placement")),
+        (
+            "subworld",
+            ("world", "errors", "_device", "_rankenv", "_ranges", "_timing", "_process", "_placement"),
+        ),
         ("records", ("errors",)),
         ("faults", ("errors",)),
         ("_device", ()),
