@@ -49,6 +49,15 @@ _DEFAULT_STRATEGIES = {"single": "SingleDeviceStrategy", "ddp": "XPUDDPStrategy"
 """Strategy class each arm runs unless the user passes ``strategy=``; other classes are named in labels."""
 
 
+def _check_stored(data: Mapping[str, Any], kind: str, what: str, remedy: str) -> None:
+    """Refuse a stored record of another format or kind, naming both and what to do instead."""
+    if data.get("format") != _RECORD_FORMAT or data.get("kind") != kind:
+        raise SpriteUsageError(
+            f"this is not {what} of format {_RECORD_FORMAT} (format {data.get('format')!r}, kind "
+            f"{data.get('kind')!r}); {remedy}"
+        )
+
+
 def tensor_digest(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's dtype, shape and bytes: equal digests mean bit-identical tensors."""
     import torch
@@ -482,11 +491,7 @@ class Bf16ArmRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Bf16ArmRecord:
         """Inverse of :meth:`to_dict`; refuses a record written in another format."""
-        if data.get("format") != _RECORD_FORMAT or data.get("kind") != "bf16":
-            raise SpriteUsageError(
-                f"this is not a BF16 arm record of format {_RECORD_FORMAT} (format {data.get('format')!r}, kind "
-                f"{data.get('kind')!r}); re-run the arm with this version of pytest-sprite"
-            )
+        _check_stored(data, "bf16", "a BF16 arm record", "re-run the arm with this version of pytest-sprite")
         return cls(
             arm=data["arm"],
             recipe=RecipeIdentity(**data["recipe"]),
@@ -818,12 +823,12 @@ class ResumeRun:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResumeRun:
         """Inverse of :meth:`to_dict`; refuses a run written in another format (or another kind of record)."""
-        if data.get("format") != _RECORD_FORMAT or data.get("kind") != "resume":
-            raise SpriteUsageError(
-                f"this is not a resume run of format {_RECORD_FORMAT} (format {data.get('format')!r}, kind "
-                f"{data.get('kind')!r}); judge it with the pytest-sprite version that wrote it, or re-run the "
-                "resume check with this one"
-            )
+        _check_stored(
+            data,
+            "resume",
+            "a resume run",
+            "judge it with the pytest-sprite version that wrote it, or re-run the resume check with this one",
+        )
         return cls(
             strategy=data["strategy"],
             precision=data["precision"],
