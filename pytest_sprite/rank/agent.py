@@ -130,6 +130,7 @@ class Agent:
     def serve(self) -> None:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
         try:
+            self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():
                 pass
         finally:
@@ -220,14 +221,17 @@ class Agent:
             if listener is not None:
                 listener.close()  # the child holds its own copy
         self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
+        # The next test's child prepares while this one runs, not between the two tests (issue 14).
+        self._fork_spare()
 
     # -- spare children ----------------------------------------------------------------------
 
     def _fork_spare(self) -> None:
-        """Fork the next test's child now, while nothing runs; it waits for its test on a socket.
+        """Fork the next test's child now, while the agent waits or its current test runs.
 
-        Forking a process that holds torch and preparing its output files costs milliseconds that
-        would otherwise sit between two tests.
+        The spare waits for its test on a socket. Forking a process that holds torch and preparing
+        its output files and sub-world zygote costs a tenth of a second (more when many ranks share
+        few cores) that would otherwise sit between two tests.
         """
         self._spares += 1
         run_dir = self.workdir / f"child{self._spares}"
@@ -246,6 +250,8 @@ class Agent:
                 self.sock.close()
                 if self.reserved is not None:
                     self.reserved.close()
+                if self.child is not None:
+                    os.close(self.child.rfd)
                 run_spare(
                     control=child_end, items=self.items, write_fd=wfd, run_dir=run_dir, agent_pid=agent_pid
                 )
@@ -350,7 +356,8 @@ class Agent:
             return
         child.status = status
         self._relay_child_output()
-        self._finish_child()
+        if self.child is child:  # not if its last frames said it was done: already reported
+            self._finish_child()
 
     def _kill_child(self, wait: bool = True) -> None:
         child = self.child
@@ -400,7 +407,7 @@ class Agent:
         )
 
     def _child_ended(self, child: _Child, **end: Any) -> None:
-        """Report the end of ``child`` (with the next rendezvous port), clean up, and fork the next spare."""
+        """Report the end of ``child`` (with the next rendezvous port), clean up, and have a spare ready."""
         send_frame(
             self.sock,
             "child_exited",
@@ -411,4 +418,5 @@ class Agent:
         if child.status is None:  # reported done and still exiting: reap it later
             self.exiting.append(child.pid)
         self.child = None
-        self._fork_spare()
+        if self.spare is None:
+            self._fork_spare()

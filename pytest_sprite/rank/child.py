@@ -23,14 +23,17 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pytest
 
+from .. import subworld
 from .. import world as _world
 from .._device import select_device
 from .._process import redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
 from .._rankenv import LAUNCHER_VARIABLES
 from .._results import DEVICE_ATTR, set_progress_sink
+from .._tmppath import share_tmp_path, shared_test_dir
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..world import World
+from .given import echo_note, prepare_hypothesis_item
 from .leftovers import lead_own_session
 
 if TYPE_CHECKING:
@@ -116,7 +119,6 @@ class ChildSession:
     def _end_leftovers(self) -> None:
         import warnings
 
-        from .. import subworld
         from ..errors import LeftoverProcessWarning
         from .leftovers import describe_leftovers, end_session_leftovers
 
@@ -187,8 +189,6 @@ class ChildSession:
         )
 
     def _test_dir(self) -> Path:
-        from .._tmppath import shared_test_dir
-
         return shared_test_dir(Path(self.spec["basetemp"]), Path(self.spec["tmp_path"]))
 
 
@@ -200,7 +200,6 @@ def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
     rank that had it. torch's collective mismatch error gets one line per rank.
     """
     from .._collectives import mismatch_summary
-    from .given import echo_note
 
     if not report.failed or call.excinfo is None:
         return
@@ -217,9 +216,6 @@ def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
 
 def _prepare_item(item: pytest.Item, spec: RunSpec) -> None:
     """Before any fixture runs: the shared tmp_path, and hypothesis made safe on several ranks."""
-    from .._tmppath import share_tmp_path
-    from .given import prepare_hypothesis_item
-
     share_tmp_path(
         item.config, basetemp=Path(spec["basetemp"]), test_dir=Path(spec["tmp_path"]), item_name=item.name
     )
@@ -307,8 +303,6 @@ def _start_zygote(control: socket.socket, write_fd: int) -> None:
     Sub-worlds started by the test fork their ranks from it, so they start as fresh as this child did;
     it costs one fork made while the spare waits for its test, and ends with this child.
     """
-    from .. import subworld
-
     subworld._set_zygote(subworld.Zygote.start(close_fds=(control.fileno(), write_fd)))
 
 
