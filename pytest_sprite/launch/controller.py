@@ -441,18 +441,27 @@ class Controller:
                     event = None
             for run in list(self.running.values()):
                 self._check_deadlines(pool, run)
-        for run in [run for run in self.running.values() if not run.live]:
+        ended = [run for run in self.running.values() if not run.live]
+        for run in ended:
+            self._release(run)
+        if ended and not any(run.failed or run.interrupted for run in ended):
+            self._start_ready()  # freed agents take their next tests before these are logged
+        for run in ended:  # a failure is logged before anything new starts (-x, --maxfail)
             self._finished(run)
         self._start_ready()
 
-    def _finished(self, run: _Run) -> None:
-        """Every rank of ``run`` has ended: free its agents, count it, and log it when packed."""
+    def _release(self, run: _Run) -> None:
+        """Every rank of ``run`` has ended: free its agents for the next tests and count it."""
         if self.running.pop(run.run_id, None) is not None:
             for agent in run.agents:
                 self.on_agent.pop(agent, None)
             if self.scheduler is not None:
                 self.scheduler.finish(run.run_id)
             self.use.finished(run.run_id, monotonic())
+
+    def _finished(self, run: _Run) -> None:
+        """Every rank of ``run`` has ended: free its agents, count it, and log it when packed."""
+        self._release(run)
         run.done = True
         if run.interrupted:
             self.interrupt = self.interrupt or run.interrupted
