@@ -34,7 +34,9 @@ __all__ = [
     "LAUNCHER_VARIABLES",
     "PORT_RANGE",
     "SHARED_PORT_VARIABLES",
+    "TORCHELASTIC_RUN_ID",
     "RankInfo",
+    "become_rank",
     "derive_port",
     "expand_hostlist",
     "free_port",
@@ -44,6 +46,7 @@ __all__ = [
     "read_rank_env",
     "rendezvous_host",
     "rendezvous_port",
+    "torchrun_variables",
 ]
 
 _Field = Literal["rank", "local_rank", "world_size", "local_world_size", "node_rank"]
@@ -531,3 +534,57 @@ def free_port(host: str = "") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+# Set by MPI process managers for the agent's own launch; a process of a world we start must not inherit them.
+_PMI_PLUMBING = ("PMI_FD", "PMI_PORT", "PMI_HOSTNAME", "PMI_ID", "PMIX_NAMESPACE", "PMIX_SERVER_URI2")
+
+TORCHELASTIC_RUN_ID = "pytest-sprite"
+"""What the processes pytest-sprite starts carry as ``TORCHELASTIC_RUN_ID`` (torchrun sets one in every worker)."""
+
+
+def torchrun_variables(
+    *,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    node: int,
+    master_addr: str,
+    master_port: int,
+) -> dict[str, str]:
+    """The variables torchrun sets in one worker of a world, for the processes pytest-sprite starts itself.
+
+    ``TORCHELASTIC_RUN_ID`` among them makes Lightning choose ``TorchElasticEnvironment`` at once, as under
+    torchrun. Without it Lightning's cluster detection falls through to ``MPIEnvironment``, whose
+    ``import mpi4py.MPI`` initializes MPI (0.3-0.8 s per Trainer on a 2-core machine) only to find a world
+    of one. ``NODE_RANK`` is Lightning's own name for ``GROUP_RANK``.
+    """
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(node),
+        "NODE_RANK": str(node),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": TORCHELASTIC_RUN_ID,
+    }
+
+
+def become_rank(variables: Mapping[str, str]) -> None:
+    """Make this process the worker ``variables`` (from :func:`torchrun_variables`) describe, and nothing else.
+
+    The launch that started the session set its own variables (``PMI_SIZE=4`` beside a test's
+    ``WORLD_SIZE=2``, ``SLURM_NTASKS``, an MPI process manager's connection): they describe that launch, not
+    this world, so they are removed and the rank reader, Lightning's cluster detection and mpi4py see only
+    this world's ranks.
+    """
+    for family, names in LAUNCHER_VARIABLES.items():
+        if family != "torchrun":
+            for name in names:
+                os.environ.pop(name, None)
+    for name in _PMI_PLUMBING:
+        os.environ.pop(name, None)
+    os.environ.update(variables)

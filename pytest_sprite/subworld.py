@@ -342,21 +342,18 @@ def _die_with_parent() -> None:
 
 
 def _export_env(spec: _RankSpec) -> None:
-    from pytest_sprite._rankenv import LAUNCHER_VARIABLES
+    from pytest_sprite._rankenv import become_rank, torchrun_variables
 
-    for family, names in LAUNCHER_VARIABLES.items():
-        if family != "torchrun":
-            for name in names:
-                os.environ.pop(name, None)
-    os.environ.update(
-        RANK=str(spec.rank),
-        LOCAL_RANK=str(spec.local_rank),
-        WORLD_SIZE=str(spec.world_size),
-        LOCAL_WORLD_SIZE=str(spec.local_size),
-        NODE_RANK=str(spec.node),
-        GROUP_RANK=str(spec.node),
-        MASTER_ADDR=spec.store_host,
-        MASTER_PORT=str(spec.store_port),
+    become_rank(
+        torchrun_variables(
+            rank=spec.rank,
+            local_rank=spec.local_rank,
+            world_size=spec.world_size,
+            local_world_size=spec.local_size,
+            node=spec.node,
+            master_addr=spec.store_host,
+            master_port=spec.store_port,
+        )
     )
 
 

@@ -785,3 +785,40 @@ def test_disagreement_inside_one_family_names_both() -> None:
         "not set was inherited; unset it",
     ]
     assert "started by" not in str(excinfo.value)
+
+
+def test_torchrun_variables_read_back_as_the_world_they_describe(clean_env: pytest.MonkeyPatch) -> None:
+    """The one writer of rank variables and the one reader agree; the run id is torchrun's marker."""
+    variables = _rankenv.torchrun_variables(
+        rank=3, local_rank=1, world_size=4, local_world_size=2, node=1, master_addr="h0", master_port=29511
+    )
+    info = read_rank_env(variables, use_mpi4py=False)
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size, info.node_rank) == (
+        3,
+        1,
+        4,
+        2,
+        1,
+    )
+    assert variables["MASTER_ADDR"] == "h0" and variables["MASTER_PORT"] == "29511"
+    assert variables["TORCHELASTIC_RUN_ID"] == _rankenv.TORCHELASTIC_RUN_ID
+
+
+def test_become_rank_drops_the_launch_that_started_the_session(clean_env: pytest.MonkeyPatch) -> None:
+    """A process of a world we start sees that world only: no PMI size, Slurm task count or PMI socket."""
+    clean_env.setenv("PMI_SIZE", "8")
+    clean_env.setenv("PMI_RANK", "5")
+    clean_env.setenv("SLURM_NTASKS", "8")
+    clean_env.setenv("PMI_FD", "7")
+    clean_env.setenv("RANK", "5")
+    variables = _rankenv.torchrun_variables(
+        rank=0, local_rank=0, world_size=2, local_world_size=2, node=0, master_addr="127.0.0.1", master_port=1
+    )
+    for name in variables:  # so that monkeypatch removes what become_rank sets, after the test
+        clean_env.setenv(name, "unset")
+    _rankenv.become_rank(variables)
+    for name in ("PMI_SIZE", "PMI_RANK", "SLURM_NTASKS", "PMI_FD"):
+        assert name not in os.environ
+    assert {name: os.environ[name] for name in variables} == variables
+    info = read_rank_env(use_mpi4py=False)
+    assert (info.rank, info.world_size) == (0, 2)

@@ -407,3 +407,28 @@ def test_bf16_single_device_arms_record_every_step(world: Any, tmp_path: Path) -
     grads = arms["split"].steps[1].grads
     assert all(torch.equal(loaded.steps[1].grads[n], grads[n]) for n in grads)
     assert loaded.steps[1].ranks == arms["split"].steps[1].ranks
+
+
+def test_fresh_lora_qwen_is_the_built_model_and_a_copy_each_time() -> None:
+    """Sub-world roles and crash-matrix runs copy the model built once per process instead of building it."""
+    from pytest_sprite.recipes._model import fresh_lora_qwen
+
+    built, _ = build_lora_qwen(seed=3)
+    state = torch.random.get_rng_state()
+    first, second = fresh_lora_qwen(seed=3), fresh_lora_qwen(seed=3)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG untouched, as by a build
+    for (name, a), (_, b), (_, c) in zip(
+        built.state_dict().items(), first.state_dict().items(), second.state_dict().items(), strict=True
+    ):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    p = next(p for p in first.parameters() if p.requires_grad)
+    with torch.no_grad():
+        p.add_(1.0)
+    assert not torch.equal(
+        p, next(p for p in second.parameters() if p.requires_grad)
+    )  # copies, not one model
+    other = fresh_lora_qwen(seed=4)
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(second.state_dict().values(), other.state_dict().values(), strict=True)
+    )

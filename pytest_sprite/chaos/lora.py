@@ -56,7 +56,7 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
     from torch.utils.data import DataLoader
 
     from pytest_sprite.lightning import FSDP2Strategy, trainer_kwargs
-    from pytest_sprite.recipes._model import build_lora_qwen, make_rows
+    from pytest_sprite.recipes._model import fresh_lora_qwen, make_rows
 
     if strategy not in LORA_STRATEGIES:
         raise SpriteUsageError(f"unknown strategy {strategy!r}; strategies: {', '.join(LORA_STRATEGIES)}")
@@ -74,7 +74,7 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
         net.train()
         own_rows = source.rows(STEPS * GLOBAL_BATCH)
     else:
-        net, _ = build_lora_qwen(seed=SEED)
+        net = fresh_lora_qwen(seed=SEED)
         rows = make_rows(seed=SEED, rows=STEPS * GLOBAL_BATCH, seq_len=8, vocab_size=net.vocab_size)
     micro = GLOBAL_BATCH // ranks
     final: dict[str, Any] = {}
@@ -242,11 +242,16 @@ class LoraQwenTarget:
         prewarm_torch()
         import lightning.pytorch  # noqa: F401
 
+        from pytest_sprite.lightning.warm import import_late_modules
+        from pytest_sprite.recipes import _shard  # noqa: F401 (the fit's FSDP2 units)
+
+        import_late_modules()
+
         if self.source is not None:
             return
-        from pytest_sprite.recipes._model import build_lora_qwen
+        from pytest_sprite.recipes._model import fresh_lora_qwen
 
-        build_lora_qwen(seed=SEED)
+        fresh_lora_qwen(seed=SEED)
 
     def run(
         self,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_sprite._process import one_thread_after_fork
+from pytest_sprite._rankenv import become_rank
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 
 __all__ = ["RankOutcome", "RunOutcome", "output_tail", "portable", "rank_envs", "run_forked"]
@@ -96,7 +97,8 @@ def _child(
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         one_thread_after_fork()
-        os.environ.update(env)
+        if env:  # a world of its own (rank_envs): that world's variables, no other launcher's
+            become_rank(env)
         from pytest_sprite.chaos import inject
 
         if plan is not None:
@@ -201,19 +203,19 @@ def run_forked(
 
 def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:
     """torchrun's variables for ``ranks`` local processes with a fresh rendezvous port (one per run)."""
-    from pytest_sprite._rankenv import free_port
+    from pytest_sprite._rankenv import free_port, torchrun_variables
 
     port = free_port("127.0.0.1") if port is None else port
     return [
-        {
-            "RANK": str(r),
-            "LOCAL_RANK": str(r),
-            "WORLD_SIZE": str(ranks),
-            "LOCAL_WORLD_SIZE": str(ranks),
-            "GROUP_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
+        torchrun_variables(
+            rank=r,
+            local_rank=r,
+            world_size=ranks,
+            local_world_size=ranks,
+            node=0,
+            master_addr="127.0.0.1",
+            master_port=port,
+        )
         for r in range(ranks)
     ]
 

@@ -28,7 +28,7 @@ from .. import world as _world
 from .._device import select_device
 from .._process import redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
-from .._rankenv import LAUNCHER_VARIABLES
+from .._rankenv import become_rank, torchrun_variables
 from .._results import DEVICE_ATTR, set_progress_sink
 from .._tmppath import share_tmp_path, shared_test_dir
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
@@ -241,32 +241,18 @@ def _install_stack_dumps(run_dir: Path) -> None:
 _KEEP: list[Any] = []
 
 
-# Set by MPI process managers for the agent's own launch; a child must not inherit them either.
-_PMI_PLUMBING = ("PMI_FD", "PMI_PORT", "PMI_HOSTNAME", "PMI_ID", "PMIX_NAMESPACE", "PMIX_SERVER_URI2")
-
-
 def _export_env(spec: RunSpec) -> None:
-    """The variables torchrun would set, so a Lightning Trainer(devices=n) uses these processes.
-
-    The agent's own launcher variables (PMI_SIZE=4 beside a test's WORLD_SIZE=2, SLURM_NTASKS, ...)
-    describe the session's launch, not this test's world: they are removed, so the rank reader,
-    Lightning's cluster detection and mpi4py in the child see only the test's ranks.
-    """
-    for family, names in LAUNCHER_VARIABLES.items():
-        if family != "torchrun":
-            for name in names:
-                os.environ.pop(name, None)
-    for name in _PMI_PLUMBING:
-        os.environ.pop(name, None)
-    os.environ.update(
-        RANK=str(spec["rank"]),
-        LOCAL_RANK=str(spec["local_rank"]),
-        WORLD_SIZE=str(spec["world_size"]),
-        LOCAL_WORLD_SIZE=str(spec["local_size"]),
-        NODE_RANK=str(spec["node"]),
-        GROUP_RANK=str(spec["node"]),
-        MASTER_ADDR=spec["master_addr"],
-        MASTER_PORT=str(spec["master_port"]),
+    """torchrun's variables for this rank, so a Lightning ``Trainer(devices=n)`` uses these processes."""
+    become_rank(
+        torchrun_variables(
+            rank=spec["rank"],
+            local_rank=spec["local_rank"],
+            world_size=spec["world_size"],
+            local_world_size=spec["local_size"],
+            node=spec["node"],
+            master_addr=spec["master_addr"],
+            master_port=spec["master_port"],
+        )
     )
 
 

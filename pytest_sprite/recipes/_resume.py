@@ -17,7 +17,6 @@ Before every load, four frozen tensors are changed, so only the checkpoint can r
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from pytest_sprite.recipes._arm import (
     _quiet_lightning,
     collate_indexed,
 )
-from pytest_sprite.recipes._model import LoraQwenClassifier, build_lora_qwen, make_rows
+from pytest_sprite.recipes._model import fresh_lora_qwen, make_rows
 from pytest_sprite.recipes._shard import default_shard
 from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 from pytest_sprite.records import RoleRecord, StateCapture, StepRecord, tensor_digest
@@ -444,9 +443,6 @@ def _strategy_kwargs(spec: RoleSpec, world: World) -> dict[str, Any]:
     return kwargs
 
 
-_PRISTINE: dict[tuple[int, str | None], LoraQwenClassifier] = {}
-
-
 def _lora_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """lora_qwen's loss: mean cross-entropy of the logits taken in FP32."""
     return F.cross_entropy(model(batch["input_ids"]).float(), batch["labels"])
@@ -463,10 +459,7 @@ def _fresh_model(recipe: ResumeRecipe) -> torch.nn.Module:
             net: torch.nn.Module = recipe.source.model()
         net.train()
         return net
-    key = (recipe.seed, recipe.qwen_path)
-    if key not in _PRISTINE:
-        _PRISTINE[key] = build_lora_qwen(seed=recipe.seed, qwen_path=recipe.qwen_path)[0]
-    return copy.deepcopy(_PRISTINE[key])
+    return fresh_lora_qwen(seed=recipe.seed, qwen_path=recipe.qwen_path)
 
 
 def _vocab(net: torch.nn.Module) -> int:
@@ -474,7 +467,11 @@ def _vocab(net: torch.nn.Module) -> int:
 
 
 def _prepare(spec: RoleSpec, emit: Any = None) -> None:
-    """Build the model once in the process the role's ranks are forked from (CPU only)."""
+    """Build the model and import what a fit imports late, once, in the process the role's ranks are
+    forked from (CPU only)."""
+    from pytest_sprite.lightning.warm import import_late_modules
+
+    import_late_modules()
     _fresh_model(spec.recipe)
 
 

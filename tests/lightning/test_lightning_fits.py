@@ -10,6 +10,7 @@ one-device run's step-k batch, and the distributed arms can be compared with the
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
@@ -235,6 +237,26 @@ class OnTrainStart(L.Callback):
 
 
 @pytest.mark.cpu
+@pytest.mark.ranks(2)
+def test_a_trainer_takes_torchrun_s_environment_without_initializing_mpi(world: Any, tmp_path: Path) -> None:
+    """The harness sets torchrun's variables, TORCHELASTIC_RUN_ID included, in every rank it starts.
+
+    Lightning then takes TorchElasticEnvironment at once. Without the run id its detection fell through to
+    MPIEnvironment, whose ``import mpi4py.MPI`` initialized MPI in every Trainer (0.3-0.8 s each here).
+    """
+    had_mpi = "mpi4py.MPI" in sys.modules  # an mpiexec-launched agent may have loaded it for its own rank
+    trainer = L.Trainer(
+        **trainer_kwargs("ddp", devices=world.size, precision="32-true", accelerator="cpu"),
+        logger=False,
+        default_root_dir=tmp_path,
+    )
+    environment = trainer.strategy.cluster_environment
+    assert isinstance(environment, TorchElasticEnvironment)
+    assert (environment.world_size(), environment.global_rank()) == (world.size, world.rank)
+    assert had_mpi or "mpi4py.MPI" not in sys.modules
+
+
+@pytest.mark.cpu
 @pytest.mark.ranks([2, 4])
 def test_ddp_trains_keeps_replicas_bitwise_equal_and_matches_one_device(world: Any, tmp_path: Path) -> None:
     before = loss_on_all_rows(full_params(Classifier()))
@@ -387,12 +409,13 @@ def test_a_trainer_that_disagrees_with_the_launch_is_refused_before_fitting(
             f"of the already initialized default process group). Set devices to the processes per node and "
             f"num_nodes to the node count, or launch 2 processes."
         )
-    # Right count, wrong node: Lightning would compute rank 4 + local rank and train a mislabelled world.
+    # Right count, wrong node: LightningEnvironment (a launch without torchrun's TORCHELASTIC_RUN_ID) would
+    # compute rank 4 + local rank from NODE_RANK and train a mislabelled world.
     monkeypatch.setenv("NODE_RANK", "1")
     with pytest.raises(
         RankEnvError, match=rf"the initialized process group has this process as rank {world.rank}"
     ):
-        make_trainer("ddp", 4, tmp_path)
+        make_trainer("ddp", 4, tmp_path, strategy=XPUDDPStrategy(cluster_environment=LightningEnvironment()))
 
 
 @pytest.mark.cpu
