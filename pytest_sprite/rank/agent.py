@@ -221,8 +221,6 @@ class Agent:
             if listener is not None:
                 listener.close()  # the child holds its own copy
         self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
-        # The next test's child prepares while this one runs, not between the two tests (issue 14).
-        self._fork_spare()
 
     # -- spare children ----------------------------------------------------------------------
 
@@ -329,6 +327,10 @@ class Agent:
                     self._release_finished_child()
                     return True
                 self.sock.sendall(frame)
+                if event == "report" and self.spare is None:
+                    # The test is set up: the next test's child prepares while this one runs, not
+                    # between the two tests, and not while this one starts (issue 14).
+                    self._fork_spare()
 
     def _release_finished_child(self) -> None:
         """The child said it is done and is exiting with status 0: report that now, reap it later.
