@@ -65,6 +65,8 @@ DEFAULT_TIMEOUT = 300.0
 _STACK_SIGNAL = signal.SIGUSR1
 _FRAME = struct.Struct(">Q")
 _TAIL = 40
+_PEER_KILL_GRACE = 10.0
+"""Seconds a live rank gets to reach its own kill when the plan kills it where another rank was just killed."""
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -901,7 +903,7 @@ def _run_in_plain_test(
     hosted, forker, run_dir = _start(
         forker or _DirectForker(), fn, args, kwargs, specs, store.port, kill, timeout, "auto"
     )
-    _watch(hosted, forker, store, size, timeout, start)
+    _watch(hosted, forker, store, size, timeout, start, kill)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     return SubworldResult(
@@ -940,7 +942,7 @@ def _run_in_ranks_test(
     layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
     mine = [dict(_subworld_place(layout, size, world.rank), store_host=host)] if world.rank < size else []
     hosted, forker, run_dir = _start(_ZYGOTE, fn, args, kwargs, mine, port, kill, timeout, world.device.type)
-    _watch(hosted, forker, store, size, timeout, start)
+    _watch(hosted, forker, store, size, timeout, start, kill)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     gathered = world.gather_object((outcomes, _ready(hosted, start)))
@@ -1012,11 +1014,23 @@ def _kill(pid: int, signum: int) -> None:
 
 
 def _watch(
-    hosted: list[_Hosted], forker: _Forker, store: Any, size: int, timeout: float, start: float
+    hosted: list[_Hosted],
+    forker: _Forker,
+    store: Any,
+    size: int,
+    timeout: float,
+    start: float,
+    kill: KillPlan | None,
 ) -> None:
-    """Read every hosted rank until it ends; end them all when any dies or the time is up."""
+    """Read every hosted rank until it ends; end them all when any dies or the time is up.
+
+    A rank that the kill plan also kills where another rank was killed (``KillAt("step", 4)`` on every
+    rank) first gets up to ``_PEER_KILL_GRACE`` seconds to reach that point: a rank still finishing the
+    step before it would otherwise be ended, not killed there, and the plan's kill would not be what ran.
+    """
     deadline = start + timeout
     last_poll = 0.0
+    first_death: float | None = None
     while any(h.status is None for h in hosted) or any(not h.eof for h in hosted):
         socks = [h.channel for h in hosted if not h.eof]
         if socks:
@@ -1039,12 +1053,23 @@ def _watch(
                             else f"rank {h.rank} died before returning"
                         )
                         store.set(f"sprite/ended/{h.rank}", why)
+                        if h.killed_at is not None:
+                            point = h.killed_at
+                            store.set(
+                                f"sprite/killed/{h.rank}", f"{point.event}\0{point.count}\0{point.index}"
+                            )
                         store.add("sprite/ended", 1)
         now = monotonic()
         if now - last_poll > 0.05:
             last_poll = now
             if store.add("sprite/ended", 0) > 0:
-                _end_live(hosted, store, size)
+                first_death = now if first_death is None else first_death
+                spared = (
+                    _due_to_be_killed(hosted, store, size, kill)
+                    if now - first_death < _PEER_KILL_GRACE
+                    else ()
+                )
+                _end_live(hosted, store, size, spared=spared)
         if now > deadline:
             for h in hosted:
                 if h.status is None:
@@ -1060,8 +1085,31 @@ def _watch(
         h.channel.close()
 
 
-def _end_live(hosted: list[_Hosted], store: Any, size: int) -> None:
+def _due_to_be_killed(hosted: list[_Hosted], store: Any, size: int, kill: KillPlan | None) -> tuple[int, ...]:
+    """The live hosted ranks that ``kill`` kills at a point where another rank of the sub-world was killed."""
+    if kill is None:
+        return ()
+    points = []
+    for r in range(size):
+        if store.check([f"sprite/killed/{r}"]):
+            event, count, index = store.get(f"sprite/killed/{r}").decode().split("\0")
+            points.append((event, int(count), None if index == "None" else int(index)))
+    return tuple(
+        h.rank
+        for h in hosted
+        if h.status is None
+        and not h.returned
+        and any(
+            kill.should_kill(KillPoint(rank=h.rank, event=event, count=count, index=index, detail=""))
+            for event, count, index in points
+        )
+    )
+
+
+def _end_live(hosted: list[_Hosted], store: Any, size: int, *, spared: tuple[int, ...] = ()) -> None:
     for h in hosted:
+        if h.rank in spared:
+            continue
         if h.status is None and not h.ended and not h.returned:
             whose = [
                 store.get(f"sprite/ended/{r}").decode()

@@ -106,6 +106,28 @@ def test_every_rank_killed_at_the_same_step() -> None:
     assert [o.emitted("step")[-1] for o in result.outcomes] == [(0, 2), (1, 2)]
 
 
+def lagging_steps(world: Any, n: int, lag: float) -> str:
+    """``steps``, but the last rank spends ``lag`` seconds after every barrier (a save, a slow reload)."""
+    for step in range(1, n + 1):
+        emit("step", (world.rank, step))
+        kill_point("step", step)
+        dist.barrier()
+        if world.rank == world.size - 1:
+            time.sleep(lag)
+    return "done"
+
+
+def test_a_rank_that_lags_still_dies_at_the_step_the_plan_kills_every_rank_at() -> None:
+    """Rank 0 reaches step 2 and dies 1 s before rank 1 does: rank 1 is killed there too, not ended.
+
+    The resume check's killed role (every rank killed one step past its checkpoint) needs this: a rank
+    still finishing the save before the step used to be ended by its peer's death instead.
+    """
+    result = run_subworld(lagging_steps, args=(5, 1.0), ranks=2, kill=KillAt(event="step", at=2))
+    assert result.killed() == [0, 1], result.report()
+    assert [o.emitted("step")[-1] for o in result.outcomes] == [(0, 2), (1, 2)]
+
+
 def test_kill_inside_the_nth_file_event() -> None:
     result = run_subworld(files, args=(5,), ranks=2, kill=KillAt(event="file", at=3, ranks=(0,)))
     killed = result.outcomes[0]
