@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_sprite import AssertionFailure
+from pytest_sprite import AssertionFailure, run_subworld
 from pytest_sprite.assertions.faults import FaultNotRejected, expect_fault_rejected
 from pytest_sprite.assertions.resume import RESUME_CHECKS, ResumeError, ResumeResult, judge_resume
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes._resume import _gather_shards  # here, so the forked ranks have it (and Lightning)
 from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
 
 pytestmark = pytest.mark.cpu
@@ -601,3 +602,25 @@ def test_under_artifacts_an_existing_result_is_refused_before_any_role_runs(
     ):
         assert_resume_bitexact(again, strategy="single", directory=tmp_path / "ck2")
     assert again.calls == 0
+
+
+def _gather_both_ways(world: Any) -> bool:
+    """``_gather_shards`` against ``gather_object``, on shards of uneven length and of four dtypes."""
+    torch.manual_seed(world.rank)
+    local = [
+        torch.randn(world.rank + 1, 3),
+        torch.arange(5 - world.rank, dtype=torch.int64),
+        torch.randn(world.rank, 2).to(torch.bfloat16),  # rank 0's shard is empty
+        torch.tensor([True, False, True])[: world.rank + 1],
+    ]
+    got = _gather_shards(local, world.size)
+    expected = world.gather_object(local)
+    return all(
+        got[k][r].dtype == expected[r][k].dtype and torch.equal(got[k][r], expected[r][k])
+        for k in range(len(local))
+        for r in range(world.size)
+    )
+
+
+def test_capture_gathers_every_rank_s_shards_bit_for_bit_in_tensor_collectives() -> None:
+    assert run_subworld(_gather_both_ways, ranks=3).values() == [True, True, True]

@@ -18,6 +18,7 @@ Before every load, four frozen tensors are changed, so only the checkpoint can r
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,11 +277,9 @@ def _full_values(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tenso
         for _, t in sharded
     )
     if fast:
-        local = {n: t.to_local().to("cpu", copy=True) for n, t in sharded}
-        gathered: list[Any] = [None] * size
-        dist.all_gather_object(gathered, local)
-        for n, t in sharded:
-            value = torch.cat([part[n] for part in gathered], dim=0)
+        gathered = _gather_shards([t.to_local() for _, t in sharded], size)
+        for (n, t), parts in zip(sharded, gathered, strict=True):
+            value = torch.cat(parts, dim=0)
             if tuple(value.shape) != tuple(t.shape):
                 fast = False
                 break
@@ -289,6 +288,40 @@ def _full_values(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tenso
         for n, t in sharded:
             out[n] = _full(t).to("cpu", copy=True)
     return {n: out[n] for n, _ in named}
+
+
+def _gather_shards(local: list[torch.Tensor], size: int) -> list[list[torch.Tensor]]:
+    """Every rank's ``local`` tensors, as CPU copies: ``result[k][r]`` is rank r's k-th tensor.
+
+    Two tensor collectives, whatever the number of tensors: the byte length of each, then all of them as one
+    padded byte buffer. Bytes, not values, so every dtype travels bit for bit in one buffer;
+    ``all_gather_object`` would pickle every tensor on every rank (0.6 s per FSDP2 capture at 4 ranks here).
+    """
+    import torch.distributed as dist
+
+    device = local[0].device
+    flat = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in local]
+    lengths = torch.tensor([f.numel() for f in flat], dtype=torch.int64, device=device)
+    all_lengths = [torch.empty_like(lengths) for _ in range(size)]
+    dist.all_gather(all_lengths, lengths)
+    table = torch.stack(all_lengths).cpu().tolist()
+    longest = max(sum(row) for row in table)
+    buffer = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine = torch.cat(flat) if flat else buffer[:0]
+    buffer[: mine.numel()] = mine
+    buffers = [torch.empty_like(buffer) for _ in range(size)]
+    dist.all_gather(buffers, buffer)
+    result: list[list[torch.Tensor]] = [[] for _ in local]
+    for row, data in zip(table, buffers, strict=True):
+        data = data.cpu()
+        offset = 0
+        for k, (length, t) in enumerate(zip(row, local, strict=True)):
+            # a copy starts at offset 0, so any dtype can view it whatever came before it in the buffer
+            part = data[offset : offset + length].clone().view(t.dtype)
+            tail = tuple(t.shape[1:])
+            result[k].append(part.reshape(part.numel() // max(1, math.prod(tail)), *tail))
+            offset += length
+    return result
 
 
 # -------------------------------------------------------------------------------------------------------
