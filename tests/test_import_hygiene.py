@@ -24,6 +24,7 @@ def test_loading_the_plugin_imports_no_torch() -> None:
     assert out == "[]"
 
 
+@pytest.mark.slow  # 17 s (a fresh interpreter imports Lightning); test_layering.py checks the arrows in CI
 def test_code_under_test_does_not_load_the_plugin() -> None:
     out = python(
         "import sys, pytest_sprite.lightning;"

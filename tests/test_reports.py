@@ -362,6 +362,7 @@ def test_resume(lora_qwen):
 
 
 @needs["recipes"]
+@pytest.mark.slow  # 25 s end to end; test_resume_unit.py stores, round-trips and judges a run in CI
 def test_judge_judges_a_stored_resume_run_again(pytester: pytest.Pytester, tmp_path: Path) -> None:
     import torch
 
