@@ -23,6 +23,7 @@ world) and the crash-consistency check (die inside the n-th file event of a save
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
 import select
@@ -1056,7 +1057,7 @@ def _watch(
                         if h.killed_at is not None:
                             point = h.killed_at
                             store.set(
-                                f"sprite/killed/{h.rank}", f"{point.event}\0{point.count}\0{point.index}"
+                                f"sprite/killed/{h.rank}", json.dumps([point.event, point.count, point.index])
                             )
                         store.add("sprite/ended", 1)
         now = monotonic()
@@ -1092,8 +1093,8 @@ def _due_to_be_killed(hosted: list[_Hosted], store: Any, size: int, kill: KillPl
     points = []
     for r in range(size):
         if store.check([f"sprite/killed/{r}"]):
-            event, count, index = store.get(f"sprite/killed/{r}").decode().split("\0")
-            points.append((event, int(count), None if index == "None" else int(index)))
+            event, count, index = json.loads(store.get(f"sprite/killed/{r}"))
+            points.append((event, count, index))
     return tuple(
         h.rank
         for h in hosted

@@ -97,8 +97,10 @@ def _child(
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         one_thread_after_fork()
-        if env:  # a world of its own (rank_envs): that world's variables, no other launcher's
+        if "RANK" in env:  # a world of its own (rank_envs): that world's variables, no other launcher's
             become_rank(env)
+        else:  # one process: the target's own additions on top of the test process's environment
+            os.environ.update(env)
         from pytest_sprite.chaos import inject
 
         if plan is not None:

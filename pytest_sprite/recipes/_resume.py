@@ -307,7 +307,7 @@ def _gather_shards(local: list[torch.Tensor], size: int) -> list[list[torch.Tens
     table = torch.stack(all_lengths).cpu().tolist()
     longest = max(sum(row) for row in table)
     buffer = torch.zeros(longest, dtype=torch.uint8, device=device)
-    mine = torch.cat(flat) if flat else buffer[:0]
+    mine = torch.cat(flat)
     buffer[: mine.numel()] = mine
     buffers = [torch.empty_like(buffer) for _ in range(size)]
     dist.all_gather(buffers, buffer)
