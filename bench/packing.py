@@ -1,6 +1,6 @@
 """Packing small ranks tests side by side in a big world (issue 14), measured side by side in one run.
 
-One suite, 24 two-rank tests and 4 four-rank tests (a four-rank test after every six two-rank ones),
+One suite, 24 two-rank tests and 4 four-rank tests (collected in that order: the two-rank ones first),
 each of which does one all_reduce and then waits 1 s, as a test on a device does while its host is idle.
 It runs twice at ``--ranks=8``: with ``--pack=off`` (one ranks test at a time, as before packing) and
 with ``--pack=on`` (the default). For each: wall time of the whole pytest session, the session's own
@@ -35,9 +35,6 @@ SUITE = textwrap.dedent(
     import torch
     import torch.distributed as dist
 
-    SIZES = [2] * 6 + [4]
-    CASES = [n for _ in range(4) for n in SIZES]  # 24 two-rank and 4 four-rank tests
-
 
     def body(world, n):
         t = torch.ones(1)
@@ -47,13 +44,13 @@ SUITE = textwrap.dedent(
 
 
     @pytest.mark.ranks(2)
-    @pytest.mark.parametrize("i", [i for i, n in enumerate(CASES) if n == 2])
+    @pytest.mark.parametrize("i", range(24))
     def test_two(world, i):
         body(world, 2)
 
 
     @pytest.mark.ranks(4)
-    @pytest.mark.parametrize("i", [i for i, n in enumerate(CASES) if n == 4])
+    @pytest.mark.parametrize("i", range(4))
     def test_four(world, i):
         body(world, 4)
     """

@@ -401,3 +401,68 @@ def test_reader_in_a_child_of_a_smaller_test(
     )
     result = run(pytester, "--launcher=mpiexec", "--ranks=4")
     result.assert_outcomes(passed=1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# a launched world starts while the controller collects
+
+
+EARLY_CONFTEST = """
+import os
+import time
+from pathlib import Path
+
+STARTED = Path({started!r})
+
+
+def pytest_configure(config):
+    if config.getoption("sprite_agent", None):  # a launched agent's own session
+        (STARTED / f"agent-{{os.getpid()}}").write_text(str(os.getpid()))
+
+
+def pytest_collection_finish(session):
+    if session.config.getoption("sprite_agent", None):
+        return
+    # The controller: before its collection ends, wait (at most {wait} s) for an agent to have started.
+    deadline = time.monotonic() + {wait}
+    while not any(STARTED.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (STARTED.parent / "controller-saw-agents.txt").write_text(str(len(list(STARTED.iterdir()))))
+"""
+
+
+def _early_launch_session(
+    pytester: pytest.Pytester, tmp_path: Path, body: str, *args: str
+) -> tuple[pytest.RunResult, int, list[int]]:
+    """Run ``body`` under mpiexec at --ranks=2; return the result, how many agents the controller saw
+    started before its collection ended, and the agents' pids."""
+    started = tmp_path / "started"
+    started.mkdir()
+    pytester.makeconftest(EARLY_CONFTEST.format(started=str(started), wait=20))
+    pytester.makepyfile(body)
+    result = run(pytester, "--launcher=mpiexec", "--ranks=2", *args)
+    seen = tmp_path / "controller-saw-agents.txt"
+    pids = [int(p.read_text()) for p in started.iterdir()]
+    return result, int(seen.read_text()) if seen.exists() else -1, pids
+
+
+@needs_mpiexec
+def test_a_launched_world_starts_while_the_controller_collects(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clear_rank_variables(monkeypatch)
+    result, seen, _ = _early_launch_session(pytester, tmp_path, ONE_TEST)
+    result.assert_outcomes(passed=2)
+    assert seen >= 1, "no agent had started by the end of the controller's collection"
+
+
+@needs_mpiexec
+def test_a_world_launched_early_and_used_by_no_test_is_ended_with_the_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clear_rank_variables(monkeypatch)
+    result, seen, pids = _early_launch_session(pytester, tmp_path, "def test_plain():\n    pass\n")
+    result.assert_outcomes(passed=1)
+    assert seen >= 1 and pids
+    for pid in pids:  # every agent that started has been ended by the time the session is over
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

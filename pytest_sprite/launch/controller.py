@@ -142,6 +142,8 @@ class Controller:
         self.pack = settings.pack and not hasattr(config, "workerinput")
         self.world_size: int | None = settings.world_size
         self.pool: AgentPool | None = None
+        self.early: tuple[AgentPool, float] | None = None
+        """A world launched before collection (:meth:`launch_early`) and when, until the first ranks test takes it."""
         self.scheduler: Scheduler[int] | None = None
         self.items: dict[str, pytest.Item] = {}
         self.queued: dict[int, _Run] = {}
@@ -156,6 +158,10 @@ class Controller:
         self.hypothesis_seed = _hypothesis_seed(config)
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self) -> None:
+        self.launch_early()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -326,14 +332,44 @@ class Controller:
         self._start_ready()
         return run
 
+    def launch_early(self) -> None:
+        """Launch the world now, while this process collects, when nothing needs collection to do it.
+
+        A launched agent (every launcher but local) starts a pytest session of its own and collects the
+        tests itself: on a cluster's shared file system that takes as long as this process's collection,
+        often tens of seconds. Launched after this process has collected, the two add up; launched
+        before, they overlap. This needs the world's size before collection (``--ranks``). Local agents
+        are forks that inherit the collected items, so they start at the first ranks test as before. A
+        launch that fails here is dropped: the first ranks test launches again and reports the error. A
+        world that no test uses is ended with the session, without waiting for agents still starting.
+        """
+        if self.settings.launcher == "local" or self.world_size is None or self.config.option.collectonly:
+            return
+        if self.pool is not None or self.early is not None:
+            return
+        pool = AgentPool(self.config, self.settings, self.world_size, {})
+        launched_at = monotonic()
+        try:
+            pool.launch()
+        except Exception:  # reported by the first ranks test, which launches again
+            pool.close()
+            return
+        self.early = (pool, launched_at)
+
     def ensure_scheduler(self) -> Scheduler[int]:
-        """The scheduler over a started pool; starts the pool at the first ranks test."""
+        """The scheduler over a started pool; starts the pool at the first ranks test (or takes the early one)."""
         if self.pool is None:
             assert self.world_size is not None
-            pool = AgentPool(self.config, self.settings, self.world_size, self.items)
-            self.use.open(self.world_size, monotonic())
+            pool, launched_at = self.early or (None, monotonic())
+            self.early = None
+            if pool is None:
+                pool = AgentPool(self.config, self.settings, self.world_size, self.items)
+            pool.items = self.items  # an early pool was made before collection
+            self.use.open(self.world_size, launched_at)
             try:
-                pool.start()
+                if not pool.launched:
+                    pool.launch()
+                pool.connect()
             except BaseException:
                 pool.close()
                 self.use.close(monotonic())
@@ -638,6 +674,9 @@ class Controller:
 
     def shutdown(self) -> None:
         """Stop the agents (a lost pool, or the end of the session); tests still counted end now."""
+        if self.early is not None:  # launched before collection and used by no test
+            self.early[0].close()
+            self.early = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None

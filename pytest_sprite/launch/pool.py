@@ -69,11 +69,23 @@ class AgentPool:
         self.tmpdir = Path(tempfile.mkdtemp(prefix="sprite-controller-"))
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
+        self._token = ""
+        self._launched_at = 0.0
 
     # -- start ------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Launch the agents and wait until every one of them has connected and said who it is."""
+    @property
+    def launched(self) -> bool:
+        """True once :meth:`launch` has started the agents (they may still be starting up)."""
+        return self.handle is not None
+
+    def launch(self) -> None:
+        """Start the agents and return at once; they connect back by themselves (see :meth:`connect`).
+
+        Launched agents (every launcher but local) start a pytest session of their own and collect the
+        tests themselves, so the controller may launch them before its own collection and let the two
+        overlap (``Controller.pytest_collection``).
+        """
         launcher = get_launcher(self.settings.launcher)
         launcher.check()
         spans = launcher.spans_nodes
@@ -109,12 +121,14 @@ class AgentPool:
             items=self.items,
             close_in_agent=(listener.fileno(),),
         )
+        self._token, self._launched_at = token, monotonic()
         self.handle = launcher.launch(request)
-        self._accept_all(token)
 
-    def _accept_all(self, token: str) -> None:
+    def connect(self) -> None:
+        """Wait until every agent launched has connected and said who it is (``--connect-timeout`` from the launch)."""
         assert self._listener is not None and self.handle is not None
-        deadline = monotonic() + self.settings.connect_timeout
+        token = self._token
+        deadline = self._launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
         while len(self.agents) < self.world_size:
             status = self.handle.poll()
@@ -230,7 +244,8 @@ class AgentPool:
         for rank in list(self.agents):
             self.send(rank, "shutdown", {})
         if self.handle is not None:
-            deadline = monotonic() + 5.0
+            # Agents that never connected got no shutdown: end the launch at once rather than wait for it.
+            deadline = monotonic() + (5.0 if len(self.agents) == self.world_size else 0.0)
             while self.handle.poll() is None and monotonic() < deadline:
                 sleep(0.05)  # the queue is the controller's: what arrives now stays there, unread
             self.handle.terminate(grace=2.0)
