@@ -413,6 +413,8 @@ import time
 from pathlib import Path
 
 STARTED = Path({started!r})
+COLLECTED = Path({collected!r})
+BEGAN = []
 
 
 def pytest_configure(config):
@@ -420,25 +422,35 @@ def pytest_configure(config):
         (STARTED / f"agent-{{os.getpid()}}").write_text(str(os.getpid()))
 
 
+def pytest_collection(session):
+    BEGAN.append(time.monotonic())
+
+
 def pytest_collection_finish(session):
     if session.config.getoption("sprite_agent", None):
+        (COLLECTED / f"agent-{{os.getpid()}}").touch()
         return
-    # The controller: before its collection ends, wait (at most {wait} s) for an agent to have started.
-    deadline = time.monotonic() + {wait}
-    while not any(STARTED.iterdir()) and time.monotonic() < deadline:
+    # The controller: before its own collection ends, wait (at most 30 s) for agents to have collected
+    # theirs, then stay until {linger} s after the collection began.
+    deadline = time.monotonic() + 30
+    while len(list(COLLECTED.iterdir())) < {agents} and time.monotonic() < deadline:
         time.sleep(0.1)
     (STARTED.parent / "controller-saw-agents.txt").write_text(str(len(list(STARTED.iterdir()))))
+    time.sleep(max(0.0, BEGAN[0] + {linger} - time.monotonic()))
 """
 
 
 def _early_launch_session(
-    pytester: pytest.Pytester, tmp_path: Path, body: str, *args: str
+    pytester: pytest.Pytester, tmp_path: Path, body: str, *args: str, linger: float = 0.0
 ) -> tuple[pytest.RunResult, int, list[int]]:
     """Run ``body`` under mpiexec at --ranks=2; return the result, how many agents the controller saw
     started before its collection ended, and the agents' pids."""
-    started = tmp_path / "started"
+    started, collected = tmp_path / "started", tmp_path / "collected"
     started.mkdir()
-    pytester.makeconftest(EARLY_CONFTEST.format(started=str(started), wait=20))
+    collected.mkdir()
+    pytester.makeconftest(
+        EARLY_CONFTEST.format(started=str(started), collected=str(collected), agents=2, linger=linger)
+    )
     pytester.makepyfile(body)
     result = run(pytester, "--launcher=mpiexec", "--ranks=2", *args)
     seen = tmp_path / "controller-saw-agents.txt"
@@ -450,10 +462,12 @@ def _early_launch_session(
 def test_a_launched_world_starts_while_the_controller_collects(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The agents collect while the controller does; one that connected before the controller finished
+    is accepted even when that collection outlasts --connect-timeout (it counts the agents' connecting)."""
     clear_rank_variables(monkeypatch)
-    result, seen, _ = _early_launch_session(pytester, tmp_path, ONE_TEST)
+    result, seen, _ = _early_launch_session(pytester, tmp_path, ONE_TEST, "--connect-timeout=8", linger=10.0)
     result.assert_outcomes(passed=2)
-    assert seen >= 1, "no agent had started by the end of the controller's collection"
+    assert seen == 2, f"{seen} agents had started by the end of the controller's collection, not 2"
 
 
 @needs_mpiexec

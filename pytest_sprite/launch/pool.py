@@ -137,15 +137,17 @@ class AgentPool:
                     f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
                     f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
                 )
-            if monotonic() > deadline:
-                raise LaunchError(
-                    f"--launcher={self.settings.launcher}: only {len(self.agents)} of {self.world_size} agents connected "
-                    f"within {self.settings.connect_timeout:g}s (--connect-timeout); connected ranks: "
-                    f"{sorted(self.agents) or 'none'}. Launcher output:\n{self.handle.output_tail()}"
-                )
             try:
                 conn, _ = self._listener.accept()
             except TimeoutError:
+                # Checked only when no agent is waiting: agents that connected while this process was
+                # still collecting (an early launch) are accepted however long that took.
+                if monotonic() > deadline:
+                    raise LaunchError(
+                        f"--launcher={self.settings.launcher}: only {len(self.agents)} of {self.world_size} agents "
+                        f"connected within {self.settings.connect_timeout:g}s (--connect-timeout); connected ranks: "
+                        f"{sorted(self.agents) or 'none'}. Launcher output:\n{self.handle.output_tail()}"
+                    ) from None
                 continue
             hello = self._first_frame(conn)
             if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
