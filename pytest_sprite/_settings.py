@@ -29,6 +29,7 @@ DEFAULT_TIMEOUT: Final = 300.0
 DEFAULT_GRACE: Final = 5.0
 DEFAULT_CONNECT_TIMEOUT: Final = 120.0
 SUMMARY_CHOICES: Final = ("auto", "no")
+LAUNCH_EARLY_CHOICES: Final = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,16 @@ OPTIONS: Final = (
         "on: run ranks tests side by side on free agents of the world, in collection order (default); "
         "off: one ranks test at a time on agents 0..n-1.",
         "on|off",
+    ),
+    _Option(
+        "--launch-early",
+        "sprite_launch_early",
+        "launch_early",
+        "SPRITE_LAUNCH_EARLY",
+        "With --ranks and a launcher other than local, when the agents start: on: as the controller starts "
+        "collecting, so their collection and its overlap; off: at the first ranks test; auto (default): on "
+        "when this host has a core for the controller and each agent it may run (--ppn, else --ranks).",
+        "auto|on|off",
     ),
     _Option(
         "--ppn",
@@ -269,6 +280,8 @@ class Settings:
     """``--sprite-summary``: auto (tables shown, -q shortens them) or no."""
     pack: bool = True
     """``--pack``: ranks tests side by side on free agents (issue 14); False runs one at a time."""
+    launch_early: str = "auto"
+    """``--launch-early``: auto, on or off; see ``Controller.launch_early``."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -304,6 +317,12 @@ class Settings:
                 f"{summary[1]}={summary_name!r}: valid values are {', '.join(SUMMARY_CHOICES)}"
             )
         pack = get("sprite_pack")
+        early = get("sprite_launch_early")
+        early_name = str(early[0]).strip().lower() if early else "auto"
+        if early is not None and early_name not in LAUNCH_EARLY_CHOICES:
+            raise SpriteUsageError(
+                f"{early[1]}={early[0]!r}: valid values are {', '.join(LAUNCH_EARLY_CHOICES)}"
+            )
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -328,6 +347,7 @@ class Settings:
             plots=text("sprite_plots"),
             summary=summary_name,
             pack=parse_on_off(*pack) if pack else True,
+            launch_early=early_name,
         )
 
 

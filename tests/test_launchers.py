@@ -426,12 +426,12 @@ def pytest_collection(session):
     BEGAN.append(time.monotonic())
 
 
-def pytest_collection_finish(session):
+def pytest_collection_modifyitems(session):
     if session.config.getoption("sprite_agent", None):
         (COLLECTED / f"agent-{{os.getpid()}}").touch()
         return
-    # The controller: before its own collection ends, wait (at most 30 s) for agents to have collected
-    # theirs, then stay until {linger} s after the collection began.
+    # The controller, before pytest-sprite plans the world (its hook runs last): wait (at most 30 s) for
+    # agents to have collected, then stay until {linger} s after the collection began.
     deadline = time.monotonic() + 30
     while len(list(COLLECTED.iterdir())) < {agents} and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -452,7 +452,7 @@ def _early_launch_session(
         EARLY_CONFTEST.format(started=str(started), collected=str(collected), agents=2, linger=linger)
     )
     pytester.makepyfile(body)
-    result = run(pytester, "--launcher=mpiexec", "--ranks=2", *args)
+    result = run(pytester, "--launcher=mpiexec", "--ranks=2", "--launch-early=on", *args)
     seen = tmp_path / "controller-saw-agents.txt"
     pids = [int(p.read_text()) for p in started.iterdir()]
     return result, int(seen.read_text()) if seen.exists() else -1, pids
@@ -470,13 +470,102 @@ def test_a_launched_world_starts_while_the_controller_collects(
     assert seen == 2, f"{seen} agents had started by the end of the controller's collection, not 2"
 
 
+UNUSED_WORLD = """
+import time
+from pathlib import Path
+
+import pytest
+
+
+def test_plain():
+    # pytest-sprite ended the world when collection showed that no selected test needs it.
+    pids = [int(p.read_text()) for p in Path({started!r}).iterdir()]
+    assert pids
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if Path(f"/proc/{{pid}}").exists() and Path(f"/proc/{{pid}}/stat").read_text().split()[2] != "Z"]
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"agents {{alive}} still run during the session's only test")
+
+
+@pytest.mark.ranks(2)
+def test_not_selected(world):
+    pass
+"""
+
+
 @needs_mpiexec
-def test_a_world_launched_early_and_used_by_no_test_is_ended_with_the_session(
+def test_a_world_launched_early_and_needed_by_no_selected_test_ends_with_collection(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     clear_rank_variables(monkeypatch)
-    result, seen, pids = _early_launch_session(pytester, tmp_path, "def test_plain():\n    pass\n")
-    result.assert_outcomes(passed=1)
-    assert seen >= 1 and pids
-    for pid in pids:  # every agent that started has been ended by the time the session is over
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    body = UNUSED_WORLD.format(started=str(tmp_path / "started"))
+    result, seen, _ = _early_launch_session(pytester, tmp_path, body, "-k", "plain")
+    result.assert_outcomes(passed=1, deselected=1)
+    assert seen == 2
+
+
+@pytest.mark.parametrize(
+    ("launcher", "world", "ppn", "mode", "collect_only", "cores", "early"),
+    [
+        ("mpiexec", 2, None, "auto", False, 3, True),  # a core for the controller and each agent
+        ("mpiexec", 2, None, "auto", False, 2, False),  # agents and collection would share the cores
+        ("pals", 24, 12, "auto", False, 13, True),  # twelve of the 24 agents on this node
+        ("pals", 24, 12, "auto", False, 12, False),
+        ("mpiexec", 8, None, "on", False, 2, True),
+        ("mpiexec", 8, None, "off", False, 64, False),
+        ("local", 2, None, "on", False, 64, False),  # forks need the collected tests
+        ("mpiexec", None, None, "on", False, 64, False),  # the size is known only after collection
+        ("mpiexec", 2, None, "on", True, 64, False),  # --collect-only runs nothing
+    ],
+)
+def test_when_the_world_is_launched_before_collection(
+    launcher: str, world: int | None, ppn: int | None, mode: str, collect_only: bool, cores: int, early: bool
+) -> None:
+    from pytest_sprite._settings import Settings
+    from pytest_sprite.launch.controller import launches_early
+
+    settings = Settings(
+        world_size=world,
+        launcher=launcher,
+        timeout=300.0,
+        timeout_source="the default",
+        grace=5.0,
+        ppn=ppn,
+        launcher_args=(),
+        controller_host=None,
+        connect_timeout=120.0,
+        device="cpu",
+        artifacts=None,
+        qwen_path=None,
+        launch_early=mode,
+    )
+    assert launches_early(settings, collect_only=collect_only, cores=cores) is early
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--launch-early=soon"], {}, "--launch-early='soon': valid values are auto, on, off"),
+        (
+            [],
+            {"SPRITE_LAUNCH_EARLY": "1"},
+            "environment variable SPRITE_LAUNCH_EARLY='1': valid values are auto, on, off",
+        ),
+    ],
+)
+def test_a_bad_launch_early_value_is_a_usage_error_naming_its_source(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])

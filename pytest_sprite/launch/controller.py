@@ -14,6 +14,7 @@ between starts, as before. ``--pack=off`` keeps pytest's own loop and runs one r
 
 from __future__ import annotations
 
+import os
 import queue
 import secrets
 import warnings
@@ -69,6 +70,29 @@ def item_world_size(item: pytest.Item) -> Size | None:
         return WORLD if size == WORLD else int(size)
     spec = item_ranks_spec(item)
     return spec.sizes[0] if spec is not None else None
+
+
+def launches_early(settings: Settings, *, collect_only: bool, cores: int) -> bool:
+    """Whether the world is launched as collection starts (``--launch-early``; see ``Controller.launch_early``).
+
+    ``auto`` launches early only when this host has ``cores`` for the controller and every agent it may
+    run (``--ppn``, else all of ``--ranks``): on fewer, the agents' start-up and the controller's
+    collection share the cores and gain nothing by overlapping, while a session whose selected tests
+    need no world would pay for agents it ends unused.
+    """
+    if settings.launcher == "local" or settings.world_size is None or collect_only:
+        return False
+    if settings.launch_early != "auto":
+        return settings.launch_early == "on"
+    on_this_host = min(settings.world_size, settings.ppn or settings.world_size)
+    return cores >= on_this_host + 1
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says, else the machine's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _hypothesis_seed(config: pytest.Config) -> int | str:
@@ -228,6 +252,8 @@ class Controller:
                 )
                 item.stash[beyond_world_key] = reason
                 item.add_marker(pytest.mark.skip(reason=reason))
+        if not any(self._ranks_size(item) for item in items):
+            self.close_early()  # nothing selected runs on the world: free its cores for the tests that run
 
     @staticmethod
     def _ranks_size(item: pytest.Item) -> int | None:
@@ -341,11 +367,14 @@ class Controller:
         before, they overlap. This needs the world's size before collection (``--ranks``). Local agents
         are forks that inherit the collected items, so they start at the first ranks test as before. A
         launch that fails here is dropped: the first ranks test launches again and reports the error. A
-        world that no test uses is ended with the session, without waiting for agents still starting.
+        world that no selected test needs is ended when collection ends (:meth:`plan`), without waiting
+        for agents still starting. ``--launch-early`` decides (:func:`launches_early`).
         """
-        if self.settings.launcher == "local" or self.world_size is None or self.config.option.collectonly:
+        if self.pool is not None or self.early is not None or self.world_size is None:
             return
-        if self.pool is not None or self.early is not None:
+        if not launches_early(
+            self.settings, collect_only=self.config.option.collectonly, cores=usable_cores()
+        ):
             return
         pool = AgentPool(self.config, self.settings, self.world_size, {})
         launched_at = monotonic()
@@ -355,6 +384,12 @@ class Controller:
             pool.close()
             return
         self.early = (pool, launched_at)
+
+    def close_early(self) -> None:
+        """End a world launched before collection that no test has taken (no-op without one)."""
+        if self.early is not None:
+            self.early[0].close()
+            self.early = None
 
     def ensure_scheduler(self) -> Scheduler[int]:
         """The scheduler over a started pool; starts the pool at the first ranks test (or takes the early one)."""
@@ -674,9 +709,7 @@ class Controller:
 
     def shutdown(self) -> None:
         """Stop the agents (a lost pool, or the end of the session); tests still counted end now."""
-        if self.early is not None:  # launched before collection and used by no test
-            self.early[0].close()
-            self.early = None
+        self.close_early()
         if self.pool is not None:
             self.pool.close()
             self.pool = None
