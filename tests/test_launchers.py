@@ -543,29 +543,3 @@ def test_when_the_world_is_launched_before_collection(
         launch_early=mode,
     )
     assert launches_early(settings, collect_only=collect_only, cores=cores) is early
-
-
-@pytest.mark.parametrize(
-    ("args", "env", "message"),
-    [
-        (["--launch-early=soon"], {}, "--launch-early='soon': valid values are auto, on, off"),
-        (
-            [],
-            {"SPRITE_LAUNCH_EARLY": "1"},
-            "environment variable SPRITE_LAUNCH_EARLY='1': valid values are auto, on, off",
-        ),
-    ],
-)
-def test_a_bad_launch_early_value_is_a_usage_error_naming_its_source(
-    pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
-    args: list[str],
-    env: dict[str, str],
-    message: str,
-) -> None:
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    pytester.makepyfile("def test_x(): pass")
-    result = pytester.runpytest(*args)
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: {message}"])

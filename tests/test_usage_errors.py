@@ -77,6 +77,12 @@ def test_bad_marker_is_a_collection_error_naming_the_test(
         (["--rank-timeout=soon"], {}, "--rank-timeout must be a number of seconds > 0, got 'soon'"),
         (["--rank-timeout=0"], {}, "--rank-timeout must be a number of seconds > 0, got '0'"),
         (["--sprite-device=tpu"], {}, "--sprite-device='tpu': valid values are auto, cpu, cuda, xpu"),
+        (["--launch-early=soon"], {}, "--launch-early='soon': valid values are auto, on, off"),
+        (
+            [],
+            {"SPRITE_LAUNCH_EARLY": "1"},
+            "environment variable SPRITE_LAUNCH_EARLY='1': valid values are auto, on, off",
+        ),
     ],
 )
 def test_bad_options_are_usage_errors(
