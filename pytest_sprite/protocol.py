@@ -35,6 +35,7 @@ __all__ = [
     "FrameReader",
     "FrameTooLarge",
     "Interrupted",
+    "LaunchFailed",
     "Output",
     "Progress",
     "Report",
@@ -205,6 +206,13 @@ class AgentLost(TypedDict):
     """``agent_lost``: posted by the controller's reader thread when an agent's connection closed."""
 
 
+class LaunchFailed(TypedDict):
+    """``launch_failed``: posted by the controller's accepting thread when the world cannot be completed
+    (the launch ended, --connect-timeout passed, an agent reported a rank that does not fit); agent -1."""
+
+    detail: str
+
+
 # -- child -> agent only ---------------------------------------------------------------------------
 
 
@@ -234,6 +242,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
     "child_exited": ChildExited,
     "agent_error": AgentError,
     "agent_lost": AgentLost,
+    "launch_failed": LaunchFailed,
 }
 """Agent (or a child, relayed) -> controller."""
 

@@ -543,3 +543,95 @@ def test_when_the_world_is_launched_before_collection(
         launch_early=mode,
     )
     assert launches_early(settings, collect_only=collect_only, cores=cores) is early
+
+
+STRAGGLER_CONFTEST = """
+import os
+import time
+from pathlib import Path
+
+GO, LATE = Path({go!r}), Path({late!r})
+
+
+def pytest_configure(config):
+    # Rank agent 2 starts only once the first test has run (at most 30 s): a straggler.
+    if config.getoption("sprite_agent", None) and os.environ.get("PMI_RANK") == "2":
+        deadline = time.monotonic() + 30
+        while not GO.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not GO.exists():
+            LATE.touch()
+"""
+
+STRAGGLER_TESTS = """
+from pathlib import Path
+
+import pytest
+
+GO, LATE = Path({go!r}), Path({late!r})
+
+
+@pytest.mark.ranks(2)
+def test_runs_while_agent_two_is_starting(world):
+    assert not LATE.exists(), "this test waited for the straggling agent"
+    world.barrier()
+    if world.rank == 0:
+        GO.touch()
+
+
+@pytest.mark.ranks(3)
+def test_the_whole_world_runs_once_it_has_connected(world):
+    assert GO.exists() and not LATE.exists()
+"""
+
+
+@needs_mpiexec
+def test_tests_start_on_the_agents_that_have_connected_while_a_straggler_starts(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clear_rank_variables(monkeypatch)
+    paths = {"go": str(tmp_path / "go"), "late": str(tmp_path / "late")}
+    pytester.makeconftest(STRAGGLER_CONFTEST.format(**paths))
+    pytester.makepyfile(STRAGGLER_TESTS.format(**paths))
+    result = run(pytester, "--launcher=mpiexec", "--ranks=3", "--launch-early=off")
+    result.assert_outcomes(passed=2)
+
+
+@needs_mpiexec
+def test_an_agent_that_never_connects_fails_only_the_tests_that_need_it(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clear_rank_variables(monkeypatch)
+    paths = {"go": str(tmp_path / "never"), "late": str(tmp_path / "late")}
+    pytester.makeconftest(STRAGGLER_CONFTEST.format(**paths))
+    pytester.makepyfile(
+        """
+import pytest
+
+
+@pytest.mark.ranks(2)
+def test_two(world):
+    world.barrier()
+
+
+@pytest.mark.ranks(3)
+def test_three(world):
+    pass
+
+
+@pytest.mark.ranks(2)
+def test_after(world):
+    pass
+"""
+    )
+    result = run(pytester, "--launcher=mpiexec", "--ranks=3", "--launch-early=off", "--connect-timeout=8")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_two PASSED*",
+            "*test_three ERROR*",
+            "*--launcher=mpiexec: only 2 of 3 agents connected within 8s (--connect-timeout); connected ranks: "
+            "?0, 1?. Launcher output:*",
+        ]
+    )
+    assert "test_after" not in result.stdout.str().split("short test summary")[0]  # the session stopped

@@ -408,3 +408,65 @@ def test_utilisation_misuse_is_a_clear_error() -> None:
     use.started("a", 1, 0.0)
     with pytest.raises(ValueError, match=r"^test 'a' started twice$"):
         use.started("a", 1, 0.0)
+
+
+# -- agents that join as they connect ---------------------------------------------------------------
+
+
+def test_tests_start_on_the_agents_that_have_joined_before_the_world_is_complete() -> None:
+    sched: Scheduler[str] = Scheduler([], world_size=8)
+    sched.submit("a", 2)
+    sched.submit("b", 2)
+    assert sched.starts() == [] and not sched.complete
+    sched.join(Slot(rank=5, node=0))
+    sched.join(Slot(rank=2, node=0))
+    assert sched.starts() == [Start("a", (2, 5))]  # the first two agents to connect, whichever they are
+    sched.join(Slot(rank=0, node=0))
+    assert sched.starts() == []  # "b" waits for a second free agent
+    sched.join(Slot(rank=7, node=0))
+    assert sched.starts() == [Start("b", (0, 7))]
+
+
+def test_a_straggler_delays_only_the_tests_that_need_it() -> None:
+    sched: Scheduler[str] = Scheduler([], world_size=4)
+    for rank in (0, 1, 2):
+        sched.join(Slot(rank=rank, node=0))
+    sched.submit("whole", 4)
+    assert sched.starts() == []  # a whole-world test waits for every agent
+    sched.join(Slot(rank=3, node=0))
+    assert sched.complete and sched.starts() == [Start("whole", (0, 1, 2, 3))]
+
+
+def test_before_the_world_is_complete_a_test_larger_than_every_node_seen_waits() -> None:
+    # Two nodes of 4; node 0 complete, node 1 has one agent so far: a 4-rank test takes node 0 (it shows
+    # that 4 fits a node), a 5-rank test would span nodes and waits for the world to be known.
+    sched: Scheduler[str] = Scheduler([], world_size=8)
+    for rank in (0, 1, 2, 3, 4):
+        sched.join(Slot(rank=rank, node=0 if rank < 4 else 1))
+    sched.submit("four", 4)
+    assert sched.starts() == [Start("four", (0, 1, 2, 3))]
+    sched.submit("five", 5)
+    sched.finish("four")
+    assert sched.starts() == []
+    for rank in (5, 6, 7):
+        sched.join(Slot(rank=rank, node=1))
+    assert sched.starts() == [Start("five", (0, 1, 2, 3, 4))]
+
+
+def test_one_at_a_time_waits_for_agents_zero_to_n_minus_one() -> None:
+    sched: Scheduler[str] = Scheduler([], pack=False, world_size=4)
+    sched.join(Slot(rank=1, node=0))
+    sched.join(Slot(rank=2, node=0))
+    sched.submit("a", 2)
+    assert sched.starts() == []  # agents 1 and 2 are free, but --pack=off runs on agents 0 and 1
+    sched.join(Slot(rank=0, node=0))
+    assert sched.starts() == [Start("a", (0, 1))]
+
+
+def test_joining_twice_or_beyond_the_world_is_refused() -> None:
+    sched: Scheduler[str] = Scheduler([Slot(rank=0, node=0)], world_size=2)
+    with pytest.raises(ValueError, match="given twice"):
+        sched.join(Slot(rank=0, node=0))
+    sched.join(Slot(rank=1, node=0))
+    with pytest.raises(ValueError, match="complete"):
+        sched.join(Slot(rank=2, node=0))

@@ -410,7 +410,9 @@ class Controller:
                 self.use.close(monotonic())
                 raise
             self.pool = pool
-            self.scheduler = Scheduler(pool.slots(), pack=self.pack)
+            self.scheduler = Scheduler(
+                [], pack=self.pack, world_size=self.world_size
+            )  # agents join as they connect
         assert self.scheduler is not None
         return self.scheduler
 
@@ -498,8 +500,8 @@ class Controller:
         """One turn of the loop: start what can start, handle the events that arrived, enforce deadlines,
         and finish the tests whose ranks have all ended."""
         self._start_ready()
-        pool = self.pool
-        if pool is not None and self.running:
+        pool, scheduler = self.pool, self.scheduler
+        if pool is not None and (self.running or (scheduler is not None and not scheduler.complete)):
             try:
                 event: tuple[int, str, dict[str, Any]] | None = pool.events.get(timeout=timeout)
             except queue.Empty:
@@ -546,8 +548,15 @@ class Controller:
 
     def dispatch(self, pool: AgentPool, agent: int, event: str, payload: dict[str, Any]) -> None:
         """Route one event from ``agent`` to its ``on_<event>`` handler, with the rank it has in its test."""
-        if event not in AGENT_EVENTS or event == "agent_ready":
+        if event not in AGENT_EVENTS:
             raise ValueError(f"unexpected event from rank agent {agent}: {event!r}")
+        if event == "agent_ready":  # it connected: tests may start on it
+            if self.scheduler is not None and not self.scheduler.stopped:
+                self.scheduler.join(pool.slot(agent))
+            return
+        if event == "launch_failed":
+            self.on_launch_failed(pool, payload["detail"])
+            return
         if event == "child_exited":
             pool.ports[agent] = payload["next_port"]  # whichever run it ends, the port is the agent's newest
         if event == "agent_lost":
@@ -558,6 +567,19 @@ class Controller:
         if run is None or agent not in run.agents:
             return  # a late event of a test already finished
         getattr(self, f"on_{event}")(pool, run, run.agents.index(agent), payload)
+
+    def on_launch_failed(self, pool: AgentPool, detail: str) -> None:
+        """The world cannot be completed: nothing more starts on it, the tests in flight finish, the first
+        test waiting for agents fails with why, and the session stops (as when the launch itself fails)."""
+        pool.broken = pool.broken or detail
+        scheduler = self.scheduler
+        if scheduler is not None and scheduler.pending:
+            self._launch_failed(self.queued[scheduler.pending[0]], LaunchError(detail))
+            return
+        session = next(iter(self.items.values())).session
+        session.shouldstop = session.shouldstop or f"pytest-sprite could not start the rank agents: {detail}"
+        if scheduler is not None:
+            scheduler.stop()
 
     def on_report(self, pool: AgentPool, run: _Run, rank: int, payload: Report) -> None:
         """Emitted by a child for each phase (setup, call, teardown) as soon as it is made."""

@@ -71,6 +71,12 @@ class AgentPool:
         self._listener: socket.socket | None = None
         self._token = ""
         self._launched_at = 0.0
+        self._acceptor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        """Held while an agent registers and while closing starts, so no agent joins a closed pool."""
+        self._closing = False
+        self._nodes: list[tuple[str, int | None]] = []
+        """Each node's key (host, launcher node id) in the order its first agent arrived."""
 
     # -- start ------------------------------------------------------------------------------
 
@@ -125,14 +131,38 @@ class AgentPool:
         self.handle = launcher.launch(request)
 
     def connect(self) -> None:
-        """Wait until every agent launched has connected and said who it is (``--connect-timeout`` from the launch)."""
+        """Accept the agents in a thread as they connect; each one posts ``agent_ready`` on :attr:`events`.
+
+        Tests can start on the agents that have connected while the others still start (a straggler
+        delays only the tests that need it). When the world cannot be completed (the launch ended,
+        ``--connect-timeout`` passed since the launch, an agent reports a rank that does not fit), the
+        thread posts ``launch_failed`` instead and stops.
+        """
+        assert self._listener is not None and self.handle is not None
+        self._acceptor = threading.Thread(target=self._accept_all, name="sprite-accept", daemon=True)
+        self._acceptor.start()
+
+    @property
+    def complete(self) -> bool:
+        """True once every agent of the world has connected."""
+        return len(self.agents) == self.world_size
+
+    def _accept_all(self) -> None:
+        try:
+            self._accept_until_complete()
+        except LaunchError as exc:
+            self.events.put((-1, "launch_failed", {"detail": str(exc)}))
+        except OSError:
+            pass  # the listener was closed: the pool is closing
+
+    def _accept_until_complete(self) -> None:
         assert self._listener is not None and self.handle is not None
         token = self._token
         deadline = self._launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
-        while len(self.agents) < self.world_size:
+        while not self.complete and not self._closing:
             status = self.handle.poll()
-            if status is not None and len(self.agents) < self.world_size:
+            if status is not None:
                 raise LaunchError(
                     f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
                     f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
@@ -153,8 +183,12 @@ class AgentPool:
             if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
                 conn.close()  # not one of ours
                 continue
-            self._register(conn, hello[1])  # type: ignore[arg-type]
-        for agent in self.agents.values():
+            with self._lock:
+                if self._closing:
+                    conn.close()
+                    return
+                agent = self._register(conn, hello[1])  # type: ignore[arg-type]
+            self.events.put((agent.rank, "agent_ready", dict(hello[1])))
             thread = threading.Thread(
                 target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
             )
@@ -179,7 +213,7 @@ class AgentPool:
             except OSError:
                 pass
 
-    def _register(self, conn: socket.socket, hello: AgentReady) -> None:
+    def _register(self, conn: socket.socket, hello: AgentReady) -> _Agent:
         rank, world = int(hello["rank"]), int(hello["world_size"])
         if world != self.world_size or not 0 <= rank < self.world_size:
             raise LaunchError(
@@ -194,7 +228,7 @@ class AgentPool:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         node = hello["node"]
         self.ports[rank] = hello["next_port"]
-        self.agents[rank] = _Agent(
+        agent = _Agent(
             rank=rank,
             sock=conn,
             host=str(hello["host"]),
@@ -202,6 +236,10 @@ class AgentPool:
             node=(str(hello["host"]), None if node is None else int(node)),
             pid=int(hello["pid"]),
         )
+        if agent.node not in self._nodes:
+            self._nodes.append(agent.node)
+        self.agents[rank] = agent
+        return agent
 
     def _read_agent(self, agent: _Agent) -> None:
         """Reader thread: enqueue every frame; never raise, never block the controller."""
@@ -225,13 +263,9 @@ class AgentPool:
             self.broken = f"lost the connection to rank agent {to}: {exc}"
             self.events.put((to, "agent_lost", {}))
 
-    def slots(self) -> list[Slot]:
-        """The agents as the scheduler sees them; nodes are numbered in order of their first rank."""
-        nodes: list[tuple[str, int | None]] = []
-        for rank in sorted(self.agents):
-            if self.agents[rank].node not in nodes:
-                nodes.append(self.agents[rank].node)
-        return [Slot(rank=rank, node=nodes.index(self.agents[rank].node)) for rank in sorted(self.agents)]
+    def slot(self, rank: int) -> Slot:
+        """The agent of ``rank`` as the scheduler sees it; nodes are numbered in the order agents arrived."""
+        return Slot(rank=rank, node=self._nodes.index(self.agents[rank].node))
 
     def placement(self, agents: Sequence[int]) -> list[Placement]:
         """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``); see :func:`place`."""
@@ -243,6 +277,12 @@ class AgentPool:
 
     def close(self) -> None:
         """Stop every agent and the launch; safe to call twice."""
+        with self._lock:
+            self._closing = True  # the accepting thread registers no agent from now on
+        if self._listener is not None:
+            self._listener.close()
+        if self._acceptor is not None:
+            self._acceptor.join(timeout=1.0)
         for rank in list(self.agents):
             self.send(rank, "shutdown", {})
         if self.handle is not None:
@@ -253,7 +293,5 @@ class AgentPool:
             self.handle.terminate(grace=2.0)
         for agent in self.agents.values():
             agent.sock.close()
-        if self._listener is not None:
-            self._listener.close()
         self.agents.clear()
         shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -22,6 +22,10 @@ Policy (README "Packing"):
 - ``pack=False`` (``--pack=off``) runs one test at a time on agents ``0..n-1``, exactly as before
   packing existed.
 - ``stop()`` (``-x``, ``--maxfail``, an interrupt): the tests in flight finish; nothing queued starts.
+- **Agents join as they connect** (``join``). Until the whole world has joined, a test starts only on
+  agents of one node that have joined (which shows that it fits a node); a test larger than every node
+  seen so far, a whole-world test, and with ``pack=False`` a test whose agents ``0..n-1`` have not all
+  joined wait for the rest. So a straggling agent delays only the tests that need it.
 """
 
 from __future__ import annotations
@@ -57,20 +61,20 @@ class Start(Generic[K]):
 class Scheduler(Generic[K]):
     """Places queued ranks tests on free agents; see the module docstring for the policy."""
 
-    def __init__(self, slots: Iterable[Slot], *, pack: bool = True) -> None:
+    def __init__(self, slots: Iterable[Slot], *, pack: bool = True, world_size: int | None = None) -> None:
+        """``slots``: the agents that have joined; ``world_size``: how many the world has (default: those)."""
         self.pack = pack
         self._node_of: dict[int, int] = {}
-        for slot in slots:
-            if slot.rank in self._node_of:
-                raise ValueError(f"agent rank {slot.rank} is given twice")
-            self._node_of[slot.rank] = slot.node
-        if not self._node_of:
-            raise ValueError("a scheduler needs at least one agent")
         self._capacity: dict[int, int] = {}
-        for node in self._node_of.values():
-            self._capacity[node] = self._capacity.get(node, 0) + 1
-        self._largest_node = max(self._capacity.values())
-        self._free: set[int] = set(self._node_of)
+        self._largest_node = 0
+        self._free: set[int] = set()
+        self._world_size = world_size
+        for slot in slots:
+            self.join(slot)
+        if self._world_size is None:
+            self._world_size = len(self._node_of)
+        if self._world_size < 1:
+            raise ValueError("a scheduler needs at least one agent")
         self._queue: deque[tuple[K, int]] = deque()
         self._queued: set[K] = set()
         self._running: dict[K, tuple[int, ...]] = {}
@@ -80,7 +84,13 @@ class Scheduler(Generic[K]):
 
     @property
     def world_size(self) -> int:
-        return len(self._node_of)
+        """Agents the world has, joined or not."""
+        return self._world_size or len(self._node_of)
+
+    @property
+    def complete(self) -> bool:
+        """True once every agent of the world has joined."""
+        return len(self._node_of) == self.world_size
 
     @property
     def free(self) -> frozenset[int]:
@@ -103,6 +113,17 @@ class Scheduler(Generic[K]):
         return not self._queue and not self._running
 
     # -- changes -----------------------------------------------------------------------------
+
+    def join(self, slot: Slot) -> None:
+        """An agent has connected: it takes tests from now on."""
+        if slot.rank in self._node_of:
+            raise ValueError(f"agent rank {slot.rank} is given twice")
+        if self._world_size is not None and len(self._node_of) >= self._world_size:
+            raise ValueError(f"agent rank {slot.rank} joins a world of {self._world_size} that is complete")
+        self._node_of[slot.rank] = slot.node
+        self._capacity[slot.node] = self._capacity.get(slot.node, 0) + 1
+        self._largest_node = max(self._largest_node, self._capacity[slot.node])
+        self._free.add(slot.rank)
 
     def submit(self, key: K, size: int) -> None:
         """Queue a test that needs ``size`` agents, behind every test queued before it."""
@@ -154,6 +175,8 @@ class Scheduler(Generic[K]):
         """The agents for a test of ``size`` ranks now, or None when it must wait."""
         if not self.pack:
             wanted = tuple(sorted(self._node_of)[:size])
+            if not self.complete and wanted != tuple(range(size)):
+                return None  # agents 0..n-1 have not all joined
             return wanted if self._free.issuperset(wanted) else None
         by_node: dict[int, list[int]] = {}
         for rank in sorted(self._free):
@@ -164,7 +187,7 @@ class Scheduler(Generic[K]):
                 return None
             best = min(roomy, key=lambda node: (len(by_node[node]), node))
             return tuple(by_node[best][:size])
-        if len(self._free) < size:
+        if not self.complete or len(self._free) < size:
             return None
         chosen: list[int] = []
         for node in sorted(by_node, key=lambda node: (-len(by_node[node]), node)):
