@@ -459,6 +459,7 @@ def _early_launch_session(
 
 
 @needs_mpiexec
+@pytest.mark.slow  # 12 s (the controller lingers past an 8 s connect timeout); CI runs the sibling below
 def test_a_launched_world_starts_while_the_controller_collects(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -598,6 +599,7 @@ def test_tests_start_on_the_agents_that_have_connected_while_a_straggler_starts(
 
 
 @needs_mpiexec
+@pytest.mark.slow  # 11 s (an 8 s connect timeout); test_launch_that_dies_before_agents_connect takes the same path in CI
 def test_an_agent_that_never_connects_fails_only_the_tests_that_need_it(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -187,7 +187,11 @@ class AgentPool:
                 if self._closing:
                     conn.close()
                     return
-                agent = self._register(conn, hello[1])  # type: ignore[arg-type]
+                try:
+                    agent = self._register(conn, hello[1])  # type: ignore[arg-type]
+                except LaunchError:
+                    conn.close()
+                    raise
             self.events.put((agent.rank, "agent_ready", dict(hello[1])))
             thread = threading.Thread(
                 target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
