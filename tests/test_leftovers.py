@@ -113,6 +113,20 @@ def test_stat_names_with_parentheses_and_zombies(tmp_path: Path, monkeypatch: py
     }
 
 
+def test_a_process_caught_inside_exec_is_named_by_its_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inside execve the kernel gives the process its new name before its arguments: the first read of
+    # cmdline is empty. The command is read again, as it is once exec has finished (here: at the pause).
+    _fake_proc(tmp_path, {10: ("sleep", "R", 7, b"")})
+    monkeypatch.setattr(leftovers, "_PROC", tmp_path)
+    monkeypatch.setattr(leftovers, "_session_of", lambda pid: leftovers._read_stat(pid)[2])  # type: ignore[index]
+    monkeypatch.setattr(
+        leftovers, "sleep", lambda _: (tmp_path / "10" / "cmdline").write_bytes(b"sleep\x00600\x00")
+    )
+    assert session_processes(7) == {10: "sleep 600"}
+
+
 def test_long_commands_are_shortened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_proc(tmp_path, {10: ("sh", "S", 7, b"sh\0-c\0" + b"x" * 500 + b"\0")})
     monkeypatch.setattr(leftovers, "_PROC", tmp_path)

@@ -38,6 +38,7 @@ DEFAULT_GRACE: Final = 2.0
 
 _PROC: Final = Path("/proc")
 _COMMAND_CHARS: Final = 200
+_CMDLINE_TRIES: Final = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,10 +90,21 @@ def _session_of(pid: int) -> int | None:
 
 
 def _command(pid: int, name: str) -> str:
-    try:
-        raw = (_PROC / str(pid) / "cmdline").read_bytes()
-    except OSError:
-        raw = b""
+    """``pid``'s command line, or ``[name]`` when it has none.
+
+    A process caught inside ``execve`` already has its new name but no arguments yet (the kernel sets
+    them last): an empty command line is read again a few times before the name stands in for it.
+    """
+    raw = b""
+    for attempt in range(_CMDLINE_TRIES):
+        if attempt:
+            sleep(0.01)
+        try:
+            raw = (_PROC / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            break
+        if raw:
+            break
     words = [w.decode("utf-8", "replace") for w in raw.split(b"\0") if w]
     text = shlex.join(words) if words else f"[{name}]"
     return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 3] + "..."
