@@ -166,8 +166,8 @@ class Controller:
         self.pack = settings.pack and not hasattr(config, "workerinput")
         self.world_size: int | None = settings.world_size
         self.pool: AgentPool | None = None
-        self.early: tuple[AgentPool, float] | None = None
-        """A world launched before collection (:meth:`launch_early`) and when, until the first ranks test takes it."""
+        self.early: AgentPool | None = None
+        """A world launched before collection (:meth:`launch_early`), until the first ranks test takes it."""
         self.scheduler: Scheduler[int] | None = None
         self.items: dict[str, pytest.Item] = {}
         self.queued: dict[int, _Run] = {}
@@ -377,42 +377,38 @@ class Controller:
         ):
             return
         pool = AgentPool(self.config, self.settings, self.world_size, {})
-        launched_at = monotonic()
         try:
             pool.launch()
         except Exception:  # reported by the first ranks test, which launches again
             pool.close()
             return
-        self.early = (pool, launched_at)
+        self.early = pool
 
     def close_early(self) -> None:
         """End a world launched before collection that no test has taken (no-op without one)."""
         if self.early is not None:
-            self.early[0].close()
+            self.early.close()
             self.early = None
 
     def ensure_scheduler(self) -> Scheduler[int]:
         """The scheduler over a started pool; starts the pool at the first ranks test (or takes the early one)."""
         if self.pool is None:
             assert self.world_size is not None
-            pool, launched_at = self.early or (None, monotonic())
+            pool = self.early or AgentPool(self.config, self.settings, self.world_size, self.items)
             self.early = None
-            if pool is None:
-                pool = AgentPool(self.config, self.settings, self.world_size, self.items)
             pool.items = self.items  # an early pool was made before collection
-            self.use.open(self.world_size, launched_at)
             try:
                 if not pool.launched:
                     pool.launch()
+                self.use.open(self.world_size, pool.launched_at)
                 pool.connect()
             except BaseException:
                 pool.close()
                 self.use.close(monotonic())
                 raise
             self.pool = pool
-            self.scheduler = Scheduler(
-                [], pack=self.pack, world_size=self.world_size
-            )  # agents join as they connect
+            # No agent yet: each joins the scheduler as it connects (an agent_ready event).
+            self.scheduler = Scheduler([], pack=self.pack, world_size=self.world_size)
         assert self.scheduler is not None
         return self.scheduler
 

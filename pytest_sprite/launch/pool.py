@@ -70,7 +70,8 @@ class AgentPool:
         self._threads: list[threading.Thread] = []
         self._listener: socket.socket | None = None
         self._token = ""
-        self._launched_at = 0.0
+        self.launched_at = 0.0
+        """When :meth:`launch` started the agents (the controller's monotonic clock)."""
         self._acceptor: threading.Thread | None = None
         self._lock = threading.Lock()
         """Held while an agent registers and while closing starts, so no agent joins a closed pool."""
@@ -127,7 +128,7 @@ class AgentPool:
             items=self.items,
             close_in_agent=(listener.fileno(),),
         )
-        self._token, self._launched_at = token, monotonic()
+        self._token, self.launched_at = token, monotonic()
         self.handle = launcher.launch(request)
 
     def connect(self) -> None:
@@ -158,7 +159,7 @@ class AgentPool:
     def _accept_until_complete(self) -> None:
         assert self._listener is not None and self.handle is not None
         token = self._token
-        deadline = self._launched_at + self.settings.connect_timeout
+        deadline = self.launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
         while not self.complete and not self._closing:
             status = self.handle.poll()
