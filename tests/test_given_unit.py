@@ -10,7 +10,7 @@ import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
 
-from hypothesis import HealthCheck, core, given, settings  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from hypothesis.database import InMemoryExampleDatabase, ReadOnlyDatabase  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
@@ -18,12 +18,6 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from pytest_sprite.rank.given import PeerFailedExample, echo_note, is_peer_echo, prepare_given  # noqa: E402
 
 pytestmark = pytest.mark.cpu
-
-
-@pytest.fixture(autouse=True)
-def _own_global_random(monkeypatch: pytest.MonkeyPatch) -> None:
-    """prepare_given seeds hypothesis' global random; give it back afterwards."""
-    monkeypatch.setattr(core.threadlocal, "_hypothesis_global_random", None)
 
 
 def alone(outcome: object) -> Sequence[object]:
@@ -99,7 +93,6 @@ def draws(seed: int, nodeid: str = "t.py::test") -> list[int]:
     def test(x: int) -> None:
         seen.append(x)
 
-    core.threadlocal._hypothesis_global_random = None
     assert prepare_given(
         test, nodeid=nodeid, rank=0, world_size=1, seed=seed, only_harness_fixtures=True, agree=alone
     )

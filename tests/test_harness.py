@@ -186,6 +186,49 @@ def test_crashes_name_rank_phase_and_signal_and_the_next_test_passes(pytester: p
         assert line in out, line
 
 
+def test_a_rank_killed_right_after_the_ready_barrier_is_the_cause_and_its_peer_only_lost_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """The ready handshake is a barrier (issue 20): rank 0 dies as its setup starts, 20 times over.
+
+    Before the barrier, rank 1 could still be inside rank 0's store when rank 0 died, and failed
+    with its own setup error (``DistNetworkError: Connection reset by peer``).
+    """
+    pytester.makepyfile(
+        """
+        import os, signal
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.fixture(autouse=True)
+        def die_on_rank_0(world):
+            if world.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        @pytest.mark.ranks(2)
+        @pytest.mark.parametrize("attempt", range(20))
+        def test_peer_dies(world, attempt):
+            dist.all_reduce(torch.ones(1))
+        """
+    )
+    result = run(pytester, "--rank-grace=2", "-rE")
+    result.assert_outcomes(errors=20)
+    out = result.stdout.str()
+    assert out.count("rank 0 CRASHED with signal 9 (SIGKILL) during setup") >= 20
+    summary = [line for line in out.splitlines() if line.startswith("ERROR ")]
+    assert len(summary) == 20
+    for line in summary:
+        assert "[rank 0] rank 0 CRASHED with signal 9 (SIGKILL) during setup" in line, line
+    # Rank 1's failure is only ever a lost peer: never an error of its own.
+    lines = out.splitlines()
+    rank_1 = [lines[i + 1] for i, line in enumerate(lines) if line.strip("- ") == "rank 1"]
+    assert len(rank_1) == 20
+    assert all(line.startswith("rank 1 lost its peer: rank 0 crashed with signal 9") for line in rank_1), (
+        rank_1
+    )
+
+
 def test_hang_dumps_every_rank_stack_and_the_next_test_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

@@ -7,6 +7,7 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -87,7 +88,8 @@ def describe_end(end: RankEnd, phase: str) -> str:
         head = f"{who} was still running {end.detail} (during {phase}){waiting}; its Python stacks at that moment follow"
     elif end.ended_by == "peer_failed":
         head = (
-            f"{who} was ended during {phase} {end.detail}{waiting}; its Python stacks at that moment follow"
+            f"{who} was ended during {phase} {end.detail}{waiting}: it lost its peer; "
+            "its Python stacks at that moment follow"
         )
     elif end.ended_by == "agent_lost":
         head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
@@ -206,6 +208,7 @@ def merge_rank_reports(
                 running,
                 describe_end(end, running),
             )
+    _blame_lost_peers(by_phase, ends, nodeid, location, keywords)
     setup = by_phase["setup"]
     if any(not rep.passed for rep in setup.values()):
         # pytest runs the call only after a passed setup: when any rank's setup did not pass, the
@@ -225,6 +228,66 @@ def merge_rank_reports(
     if merged:
         setattr(merged[-1], RANKS_ATTR, outcomes)
     return merged
+
+
+_TRANSPORT_ERROR = re.compile(
+    r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe|ECONNRESET|EPIPE|"
+    r"Socket Timeout|Connection refused|gloo.*(?:connectFullMesh|read|write|recv|send)",
+    re.IGNORECASE,
+)
+"""What a rank's error says when its transport broke under it (gloo, the TCPStore), not its own fault."""
+
+
+def _crashed(end: RankEnd | None) -> bool:
+    """The rank's child died by itself (a signal, an early exit), not ended by the harness."""
+    return end is not None and end.ended_by is None and not end.clean
+
+
+def _blame_lost_peers(
+    by_phase: dict[str, dict[int, TestReport]],
+    ends: dict[int, RankEnd],
+    nodeid: str,
+    location: Any,
+    keywords: Any,
+) -> None:
+    """A rank whose error is a broken transport after a peer crashed lost its peer: say so, not its error.
+
+    Its own exception (``Connection closed by peer`` in a collective, a store that reset) is a
+    consequence of the crash, which is reported on the crashed rank; the rank's report names that
+    crash as the cause and keeps its own error as one line of evidence (issue 20).
+    """
+    crashed = sorted(r for r, end in ends.items() if _crashed(end))
+    if not crashed:
+        return
+    cause = ", ".join(f"rank {r} {_crash_words(ends[r])}" for r in crashed[:3]) + (
+        f" and {len(crashed) - 3} more" if len(crashed) > 3 else ""
+    )
+    for phase, reps in by_phase.items():
+        for rank, rep in list(reps.items()):
+            if rank in crashed or not rep.failed:
+                continue
+            message = _failure_text(rep.longrepr)
+            if not _TRANSPORT_ERROR.search(message):
+                continue
+            first = next((line for line in message.splitlines() if _TRANSPORT_ERROR.search(line)), "")
+            text = (
+                f"rank {rank} lost its peer: {cause}; its own error during {phase} is a consequence:\n"
+                f"    {first.strip()[:300]}"
+            )
+            reps[rank] = _synthesize(rep, nodeid, location, keywords, phase, text)
+
+
+def _crash_words(end: RankEnd) -> str:
+    if end.signal is not None:
+        return f"crashed with signal {end.signal} ({_signal_name(end.signal)})"
+    return f"exited with code {end.exitcode}"
+
+
+def _failure_text(longrepr: Any) -> str:
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return f"{crash.message}\n{longrepr}"
+    return str(longrepr)
 
 
 _ENDED_BY_OUTCOME = {

@@ -73,9 +73,8 @@ class ChildSession:
     def leave(self) -> None:
         """Before exiting, make sure no peer still needs this process for its rendezvous.
 
-        Every rank waits until every rank has finished ``init_process_group`` (a peer still building
-        gloo's full mesh would otherwise meet a closed connection), and rank 0, which hosts the store,
-        waits until every rank has checked out of it. Bounded: a rank that died never arrives, and the
+        Every rank finished ``init_process_group`` before any entered the test (:func:`_ready_barrier`);
+        rank 0, which hosts the store, waits until every rank has checked out of it. Bounded: a rank that died never arrives, and the
         controller ends the waiting ranks after the grace period anyway.
         """
         if self.store is None:
@@ -84,11 +83,10 @@ class ChildSession:
 
         deadline = monotonic() + 30.0
         try:
-            for key, delta, waits in (("sprite/ready", 0, True), ("sprite/done", 1, self.spec["rank"] == 0)):
-                count = self.store.add(key, delta)
-                while waits and count < self.spec["world_size"] and monotonic() < deadline:
-                    sleep(0.002)
-                    count = self.store.add(key, 0)
+            count = self.store.add("sprite/done", 1)
+            while self.spec["rank"] == 0 and count < self.spec["world_size"] and monotonic() < deadline:
+                sleep(0.002)
+                count = self.store.add("sprite/done", 0)
         except Exception:  # a peer's crash can break the store; the test's result is already sent
             pass
 
@@ -173,8 +171,8 @@ class ChildSession:
                 world_size=spec["world_size"],
                 timeout=timeout,
             )
-            store.add("sprite/ready", 1)
             self.store = store
+            _ready_barrier(store, rank=spec["rank"], world_size=spec["world_size"])
         return World(
             rank=spec["rank"],
             size=spec["world_size"],
@@ -190,6 +188,24 @@ class ChildSession:
 
     def _test_dir(self) -> Path:
         return shared_test_dir(Path(self.spec["basetemp"]), Path(self.spec["tmp_path"]))
+
+
+def _ready_barrier(store: Any, *, rank: int, world_size: int) -> None:
+    """No rank starts the test's setup until every rank of the test has joined its process group.
+
+    Two phases on the test's store: every rank arrives and waits for the last arrival; then every rank
+    departs, and rank 0, which hosts the store, waits for the last departure. So once rank 0 enters the
+    test (and may die there), no peer still needs its store to get in: a peer's failure after that is
+    a consequence of what happened in the test, never a setup error of its own (issue 20). Each wait is
+    bounded by the store's timeout; a rank that never arrives is ended by the controller first.
+    """
+    if store.add("sprite/arrived", 1) == world_size:
+        store.set("sprite/all-arrived", "1")
+    store.wait(["sprite/all-arrived"])
+    if store.add("sprite/departed", 1) == world_size:
+        store.set("sprite/all-departed", "1")
+    if rank == 0:
+        store.wait(["sprite/all-departed"])
 
 
 def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:

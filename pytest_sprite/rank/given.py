@@ -121,53 +121,54 @@ def prepare_given(
     seed: int | str | None,
     only_harness_fixtures: bool,
     agree: Agree,
+    seed_pinned: bool = False,
 ) -> bool:
     """Make the ``@given`` test ``test`` safe to run on ``world_size`` ranks; False if it is not one.
 
-    Changes the test object in place: this is a fresh test child, nothing else runs it.
+    Changes the test object in place: this is a fresh test child, nothing else runs it. ``seed_pinned``:
+    the user gave ``--hypothesis-seed``, which already starts every rank's engine alike.
     """
     if "hypothesis" not in sys.modules:
         return False
     from hypothesis import HealthCheck, is_hypothesis_test, settings
     from hypothesis.database import ReadOnlyDatabase
 
+    from .._dependency_internals import (
+        hypothesis_explicit_seed,
+        hypothesis_test_settings,
+        replace_hypothesis_settings,
+    )
+
     if not is_hypothesis_test(test):
         return False
     fn = getattr(test, "__func__", test)
-    current: Any = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+    current: Any = hypothesis_test_settings(fn)
     suppress = set(current.suppress_health_check)
     if only_harness_fixtures:
         suppress.add(HealthCheck.function_scoped_fixture)
-    changes: dict[str, Any] = {"suppress_health_check": suppress}
+    changes: dict[str, Any] = {"suppress_health_check": suppress, "database": current.database}
     if world_size > 1:
         suppress.add(HealthCheck.too_slow)
         changes["deadline"] = None
         if rank != 0 and current.database is not None:
             changes["database"] = ReadOnlyDatabase(current.database)
         fn.hypothesis.inner_test = _agreeing(fn.hypothesis.inner_test, rank, agree)
-    fn._hypothesis_internal_use_settings = settings(current, **changes)
-    if seed is not None:
-        _seed_engine(seed, nodeid)
+    if seed is not None and not seed_pinned and hypothesis_explicit_seed(fn) is None:
+        _seed_engine(fn, seed, nodeid)
+    replace_hypothesis_settings(fn, settings(current, **changes))
     return True
 
 
-def _seed_engine(seed: int | str, nodeid: str) -> None:
+def _seed_engine(fn: Any, seed: int | str, nodeid: str) -> None:
     """Start every rank's engine from the same random state, keeping the example database in use.
 
-    Hypothesis draws an unpinned test's seed from its global random; seeding that (per test id) keeps
-    hypothesis' own behaviour: the database is replayed and saved, and a failure prints the seed to
-    reproduce it with. ``--hypothesis-seed`` already pins every process alike and is left alone.
+    With hypothesis' public ``@seed`` (per session and test id), every rank generates the same examples
+    under every launcher. ``@seed`` also turns the database off; :func:`prepare_given` sets the test's
+    database back afterwards, so a failing example is still saved (by rank 0) and replayed first.
     """
-    from hypothesis import core
+    from hypothesis import seed as pin_seed
 
-    if core.global_force_seed is not None:
-        return
-    state = Random(f"{seed}/{nodeid}")
-    threadlocal = getattr(core, "threadlocal", None)
-    if threadlocal is not None and hasattr(threadlocal, "_hypothesis_global_random"):
-        threadlocal._hypothesis_global_random = state
-    else:  # another hypothesis version: pin the seed as --hypothesis-seed does (no database then)
-        core.global_force_seed = state.getrandbits(128)  # type: ignore[assignment]
+    pin_seed(Random(f"{seed}/{nodeid}").getrandbits(128))(fn)
 
 
 def prepare_hypothesis_item(
@@ -187,6 +188,7 @@ def prepare_hypothesis_item(
         seed=seed,
         only_harness_fixtures=function_scoped_arguments(item) <= HARNESS_FIXTURES,
         agree=agree,
+        seed_pinned=item.config.getoption("hypothesis_seed", None) is not None,
     )
 
 

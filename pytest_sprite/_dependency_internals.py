@@ -1,0 +1,83 @@
+"""Every reach into a private name of hypothesis, torch or transformers, in one file.
+
+The plugin uses only public APIs, except where none exists; each such use lives here, says which
+private name it touches, why no public API serves, and which versions it is tested with
+(``tests/test_dependency_internals.py`` runs every function against the installed, newest release).
+Each is gated: when the name is absent (a release that removed it), a documented fallback runs
+instead of an ``AttributeError``. pytest's own private names are in ``_pytest_internals.py``; the
+code under test keeps Lightning's in ``pytest_sprite/lightning/_internals.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ddp_comm_hook_names",
+    "hf_no_split_modules",
+    "hypothesis_explicit_seed",
+    "hypothesis_test_settings",
+    "replace_hypothesis_settings",
+]
+
+_HYPOTHESIS_SETTINGS = "_hypothesis_internal_use_settings"
+_HYPOTHESIS_SEED = "_hypothesis_internal_use_seed"
+
+
+def hypothesis_test_settings(test: Any) -> Any:
+    """The settings a ``@given`` test runs with.
+
+    Hypothesis (6.x, tested 6.100 - 6.170) keeps them on the test as ``_hypothesis_internal_use_settings``
+    and offers no public reader. Fallback: ``settings.default``, what an undecorated test runs with.
+    """
+    from hypothesis import settings
+
+    return getattr(test, _HYPOTHESIS_SETTINGS, None) or settings.default
+
+
+def replace_hypothesis_settings(test: Any, new: Any) -> bool:
+    """Make the ``@given`` test ``test`` run with ``new``; False when this hypothesis gives no way to.
+
+    The public ``@settings`` decorator refuses a test that already has settings ("applying @settings
+    twice"), and a ranks test must turn off the per-rank clock checks of a test that set its own.
+    Hypothesis 6.x reads ``_hypothesis_internal_use_settings`` from the test when it runs; without that
+    name, the fallback is the public decorator, which serves tests without settings of their own.
+    """
+    from hypothesis.errors import InvalidArgument
+
+    if hasattr(test, _HYPOTHESIS_SETTINGS):
+        setattr(test, _HYPOTHESIS_SETTINGS, new)
+        return True
+    try:
+        new(test)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def hypothesis_explicit_seed(test: Any) -> object | None:
+    """The seed a test pinned with ``@hypothesis.seed(...)``, else None.
+
+    Read from ``_hypothesis_internal_use_seed`` (hypothesis 6.x), where ``@seed`` puts it; there is no
+    public reader. Fallback: None, so the harness pins its own seed (every rank still draws alike).
+    """
+    return getattr(test, _HYPOTHESIS_SEED, None)
+
+
+def ddp_comm_hook_names(ddp: Any) -> list[str]:
+    """The names of the communication hooks registered on a ``DistributedDataParallel`` module.
+
+    torch (2.6 - 2.13) keeps them in ``DistributedDataParallel._comm_hooks`` as ``(hook, state)`` pairs
+    and has no public getter. Fallback: an empty list (the record then names no hook).
+    """
+    hooks = getattr(ddp, "_comm_hooks", None) or []
+    return [getattr(hook, "__name__", repr(hook)) for hook, _ in hooks]
+
+
+def hf_no_split_modules(module: Any) -> tuple[str, ...]:
+    """The block class names a Hugging Face model declares as its unsplittable units.
+
+    ``PreTrainedModel._no_split_modules`` (transformers 4.45 - 5.x) is what accelerate and PEFT read
+    to place and shard models; there is no public accessor. Fallback: none declared.
+    """
+    return tuple(getattr(module, "_no_split_modules", None) or ())
