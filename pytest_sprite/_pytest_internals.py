@@ -12,12 +12,22 @@ from typing import Any
 
 import pytest
 
+# A merged report renders itself the way pytest's own reports do: ``TerminalRepr`` (the base of every
+# longrepr), ``ReprFileLocation`` (the short-summary line) and ``TerminalWriter`` (what ``toterminal``
+# receives) have no public name in pytest 8.0 - 9.2; pytest-xdist imports them from the same places.
+from _pytest._code.code import ReprFileLocation, TerminalRepr
+from _pytest._io import TerminalWriter
+
 __all__ = [
+    "ReprFileLocation",
+    "TerminalRepr",
+    "TerminalWriter",
     "adopt_basetemp",
     "capture_tmpfiles",
     "fresh_child_state",
     "function_scoped_arguments",
     "record_warnings",
+    "runtestprotocol",
     "teardown_controller_state",
     "tmp_path_factory",
 ]
@@ -151,3 +161,14 @@ def function_scoped_arguments(item: pytest.Item) -> set[str]:
         for name, defs in info.name2fixturedefs.items()
         if name in names and defs and defs[-1].scope == "function"
     }
+
+
+def runtestprotocol(item: pytest.Item) -> None:
+    """Run ``item``'s setup, call and teardown in a test child, reports sent by the child's hooks.
+
+    ``_pytest.runner.runtestprotocol`` is private (pytest 8.0 - 9.2); pytest-xdist's workers call it the
+    same way, because ``pytest_runtest_protocol`` would also log the reports in the child.
+    """
+    from _pytest.runner import runtestprotocol as run
+
+    run(item, log=False, nextitem=None)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _pytest.reports import TestReport
 
 from .._collected import store_collected
 from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
@@ -130,7 +129,7 @@ class _Run:
     """Test rank r runs on agent ``agents[r]``; empty until it starts."""
     started: float = 0.0
     done: bool = False
-    reports: dict[int, list[TestReport]] = field(default_factory=dict)
+    reports: dict[int, list[pytest.TestReport]] = field(default_factory=dict)
     ends: dict[int, RankEnd] = field(default_factory=dict)
     failed: list[int] = field(default_factory=list)
     first_failure: float | None = None
@@ -712,7 +711,7 @@ class Controller:
                 }
             )
 
-    def merge(self, run: _Run) -> list[TestReport]:
+    def merge(self, run: _Run) -> list[pytest.TestReport]:
         item = run.item
         return merge_rank_reports(
             nodeid=item.nodeid,

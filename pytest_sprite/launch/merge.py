@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from _pytest._code.code import ReprFileLocation, TerminalRepr
-from _pytest._io import TerminalWriter
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .._collectives import waiting_collective
+from .._pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
 from .._ranges import fold_ranks
 from .._results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
 from ..protocol import EndedBy

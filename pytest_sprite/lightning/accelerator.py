@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lightning.fabric.accelerators.registry import _AcceleratorRegistry
 from lightning.pytorch.accelerators import Accelerator, AcceleratorRegistry
 
 from pytest_sprite.errors import SpriteUsageError
@@ -105,7 +104,7 @@ class XPUAccelerator(Accelerator):
         return dict(memory_stats(device))
 
     @classmethod
-    def register_accelerators(cls, accelerator_registry: _AcceleratorRegistry) -> None:
+    def register_accelerators(cls, accelerator_registry: Any) -> None:
         accelerator_registry.register(cls.name(), cls, description=cls.__name__)
 
 

@@ -27,7 +27,7 @@ from .. import subworld
 from .. import world as _world
 from .._device import select_device
 from .._process import redirect_output
-from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings
+from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
 from .._rankenv import become_rank, torchrun_variables
 from .._results import DEVICE_ATTR, set_progress_sink
 from .._tmppath import share_tmp_path, shared_test_dir
@@ -354,11 +354,9 @@ def run_child(
         session = ChildSession(channel, spec, listen_fd)
         set_progress_sink(lambda message: channel.send("progress", message=message))
         item.config.pluginmanager.register(session, "sprite-child")
-        from _pytest.runner import runtestprotocol
-
         # Warnings go to the controller, which folds them over ranks into its summary (issue 9).
         with record_warnings(item):
-            runtestprotocol(item, log=False, nextitem=None)
+            runtestprotocol(item)
         _send_uncaptured_output(item.config, channel, run_dir)
         session.leave()
     except KeyboardInterrupt:

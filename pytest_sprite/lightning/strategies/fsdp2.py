@@ -11,13 +11,13 @@ optimizer by position, so 1-device and DDP checkpoints of a partly frozen model 
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -109,7 +109,9 @@ class FSDP2Strategy(LaunchScoped, ModelParallelStrategy):
     # ---------------------------------------------------------------------------------------------------
     # checkpoints
 
-    def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, checkpoint_path: str | os.PathLike[str], weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Sharded directories load as in Lightning; full-state files map optimizer state by position.
 
         A full-state file (1-device, DDP, or ``save_distributed_checkpoint=False``) keys optimizer state by
@@ -118,12 +120,14 @@ class FSDP2Strategy(LaunchScoped, ModelParallelStrategy):
         on frozen weights and loading raises "Missing optimizer state". Here the k-th saved parameter is the
         k-th parameter of the optimizer, as ``torch.optim.Optimizer.load_state_dict`` pairs them.
         """
-        from lightning.fabric.strategies.fsdp import _is_full_checkpoint
-        from lightning.fabric.strategies.model_parallel import _load_raw_module_state
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         path = Path(self.broadcast(checkpoint_path))
-        if not _is_full_checkpoint(path):
+        if not path.is_file():  # a sharded checkpoint is a directory
             return super().load_checkpoint(path, weights_only=weights_only)
         model = _model(self)
         lightning_module = self.lightning_module
@@ -131,7 +135,10 @@ class FSDP2Strategy(LaunchScoped, ModelParallelStrategy):
         checkpoint: dict[str, Any] = torch.load(
             path, mmap=True, map_location="cpu", weights_only=weights_only
         )
-        _load_raw_module_state(checkpoint.pop("state_dict"), model, strict=strict)
+        # Every rank read the whole file: torch shards each full tensor into this rank's part.
+        set_model_state_dict(
+            model, checkpoint.pop("state_dict"), options=StateDictOptions(full_state_dict=True, strict=strict)
+        )
         states = checkpoint.get("optimizer_states", [])
         if self.optimizers and len(states) != len(self.optimizers):
             raise SpriteUsageError(
