@@ -14,9 +14,13 @@ from typing import Any
 
 __all__ = [
     "ddp_comm_hook_names",
+    "ddp_ignore_parameters",
+    "ddp_logging_data",
+    "fsdp_mixed_precision",
     "hf_no_split_modules",
     "hypothesis_explicit_seed",
     "hypothesis_test_settings",
+    "prewarm_hypothesis_patching",
     "replace_hypothesis_settings",
 ]
 
@@ -81,3 +85,56 @@ def hf_no_split_modules(module: Any) -> tuple[str, ...]:
     to place and shard models; there is no public accessor. Fallback: none declared.
     """
     return tuple(getattr(module, "_no_split_modules", None) or ())
+
+
+def ddp_ignore_parameters(module: Any, names: list[str]) -> None:
+    """Make DDP leave the parameters ``names`` of ``module`` out of its gradient all-reduce.
+
+    Planting the ``local-adapter`` fault needs a trainable parameter that DDP does not synchronize;
+    torch (2.6 - 2.13) does this only through the static
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model`` (what FSDP and torchrec use).
+    No fallback can plant that fault without it, so a torch without it gets a clear error.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    ignore = getattr(DistributedDataParallel, "_set_params_and_buffers_to_ignore_for_model", None)
+    if ignore is None:
+        import torch
+
+        raise RuntimeError(
+            f"torch {torch.__version__} has no DistributedDataParallel._set_params_and_buffers_to_ignore_"
+            "for_model: the local-adapter fault cannot be planted; use torch 2.6 - 2.13"
+        )
+    ignore(module, names)
+
+
+def prewarm_hypothesis_patching() -> None:
+    """Import what hypothesis imports when a test fails (``hypothesis.extra._patching``), ahead of time.
+
+    Done in the rank agent before it forks children, so a failing child does not spend seconds
+    importing it while its peers wait. A hypothesis without that module needs no pre-warming.
+    """
+    try:
+        import hypothesis.extra._patching  # noqa: F401
+    except ImportError:
+        pass
+
+
+def ddp_logging_data(ddp: Any) -> dict[str, Any]:
+    """What a ``DistributedDataParallel`` module reports about itself (its reducer's dtypes among it).
+
+    torch (2.6 - 2.13) exposes it only as ``DistributedDataParallel._get_ddp_logging_data()``, the
+    data of its usage logger. Fallback: an empty dict (the record then names no reducer dtype).
+    """
+    get = getattr(ddp, "_get_ddp_logging_data", None)
+    return dict(get()) if get is not None else {}
+
+
+def fsdp_mixed_precision(module: Any) -> Any:
+    """The mixed-precision policy of a ``fully_shard`` module (``param_dtype``, ``reduce_dtype``), or None.
+
+    torch (2.6 - 2.13) keeps it on the module's private state, ``_get_fsdp_state()._mp_policy``; no public
+    getter exists. Fallback: None (the record then names no FSDP dtypes).
+    """
+    get_state = getattr(module, "_get_fsdp_state", None)
+    return getattr(get_state(), "_mp_policy", None) if get_state is not None else None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from torch.nn import Module
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.lightning._internals import no_split_modules
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -58,7 +59,7 @@ def _block_matcher(
     if layer_classes is None:
         names: set[str] = set()
         for sub in module.modules():
-            names.update(getattr(sub, "_no_split_modules", None) or ())
+            names.update(no_split_modules(sub))
         return lambda sub: type(sub).__name__ in names
     given = list(layer_classes) if not isinstance(layer_classes, (str, type)) else [layer_classes]
     classes = tuple(c for c in given if isinstance(c, type))

@@ -35,10 +35,9 @@ def _preimport_hypothesis(items: Mapping[str, pytest.Item]) -> None:
     from hypothesis import is_hypothesis_test
 
     if any(is_hypothesis_test(getattr(item, "obj", None)) for item in items.values()):
-        try:
-            import hypothesis.extra._patching  # noqa: F401
-        except ImportError:
-            pass
+        from .._dependency_internals import prewarm_hypothesis_patching
+
+        prewarm_hypothesis_patching()
 
 
 def forked_agent_main(

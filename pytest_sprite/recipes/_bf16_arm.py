@@ -25,6 +25,12 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, default_collate
 
+from pytest_sprite._dependency_internals import (
+    ddp_comm_hook_names,
+    ddp_ignore_parameters,
+    ddp_logging_data,
+    fsdp_mixed_precision,
+)
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.recipes._arm import (
@@ -167,11 +173,8 @@ class _Bf16Module(pl.LightningModule):
     def configure_model(self) -> None:
         unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
         if unsynchronized and self._kind == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-
             # a trainable DDP ignores keeps its local gradient: the bug local-adapter plants
-            ignore: Any = DistributedDataParallel._set_params_and_buffers_to_ignore_for_model
-            ignore(self, [f"net.{name}" for name in unsynchronized])
+            ddp_ignore_parameters(self, [f"net.{name}" for name in unsynchronized])
         if self._kind != "fsdp":
             return
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())
@@ -233,12 +236,12 @@ class _Bf16Module(pl.LightningModule):
     def _comm_config(self) -> CommConfig:
         if self._kind == "ddp":
             ddp: Any = self.trainer.strategy.model
-            data = ddp._get_ddp_logging_data() if hasattr(ddp, "_get_ddp_logging_data") else {}
+            data = ddp_logging_data(ddp)
             dtypes = {_ddp_dtype(d) for d in str(data.get("dtypes", "")).split(",") if d}
             mp = getattr(ddp, "mixed_precision", None)
             if mp is not None and getattr(mp, "reduce_dtype", None) is not None:
                 dtypes = {str(mp.reduce_dtype)}
-            hooks = [getattr(h, "__name__", repr(h)) for h, _ in getattr(ddp, "_comm_hooks", [])]
+            hooks = ddp_comm_hook_names(ddp)
             hook = data.get("comm_hook") or (hooks[0] if hooks else None)
             return CommConfig(
                 strategy="ddp",
@@ -246,12 +249,11 @@ class _Bf16Module(pl.LightningModule):
                 comm_hook=str(hook) if hook else None,
             )
         if self._kind == "fsdp":
-            state = self.net._get_fsdp_state()  # type: ignore[operator]
-            mp = state._mp_policy
+            mp = fsdp_mixed_precision(self.net)
             return CommConfig(
                 strategy="fsdp",
-                param_dtype=None if mp.param_dtype is None else str(mp.param_dtype),
-                reduce_dtype=None if mp.reduce_dtype is None else str(mp.reduce_dtype),
+                param_dtype=None if mp is None or mp.param_dtype is None else str(mp.param_dtype),
+                reduce_dtype=None if mp is None or mp.reduce_dtype is None else str(mp.reduce_dtype),
             )
         return CommConfig(strategy="none")
 

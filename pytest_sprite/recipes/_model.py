@@ -14,6 +14,7 @@ import peft
 import torch
 from transformers import Qwen2Config, Qwen2Model
 
+from pytest_sprite._dependency_internals import hf_no_split_modules
 from pytest_sprite._settings import QWEN_PATH_ENV
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.constants import LORA_B_SEED, LORA_B_STD, LORA_CONFIG, NUM_CLASSES, TINY_QWEN2
@@ -32,7 +33,7 @@ class LoraQwenClassifier(torch.nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = torch.nn.Linear(hidden_size, num_classes)
-        self._no_split_modules = list(getattr(backbone.get_base_model(), "_no_split_modules", None) or [])
+        self._no_split_modules = list(hf_no_split_modules(backbone.get_base_model()))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits of shape (rows, 2) from the last position (rows have no padding)."""

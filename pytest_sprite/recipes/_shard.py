@@ -8,6 +8,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
+from pytest_sprite._dependency_internals import hf_no_split_modules
+
 __all__ = ["default_shard"]
 
 
@@ -25,7 +27,7 @@ def default_shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
         return
     declared: set[str] = set()
     for sub in model.modules():
-        declared.update(getattr(sub, "_no_split_modules", None) or ())
+        declared.update(hf_no_split_modules(sub))
     if any(type(sub).__name__ in declared for sub in model.modules() if sub is not model):
         shard_model(model, mesh)
         return

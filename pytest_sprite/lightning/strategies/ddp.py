@@ -14,6 +14,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
 
+from pytest_sprite.lightning._internals import ddp_constructor_kwargs
 from pytest_sprite.lightning.strategies._common import (
     LaunchScoped,
     ProcessScope,
@@ -40,4 +41,4 @@ class XPUDDPStrategy(LaunchScoped, DDPStrategy):
     def _setup_model(self, model: Module) -> DistributedDataParallel:
         """Wrap in DDP on the root device; no CUDA side stream (XPU and CPU builds have no ``torch.cuda``)."""
         device_ids = self.determine_ddp_device_ids()
-        return DistributedDataParallel(module=model, device_ids=device_ids, **self._ddp_kwargs)
+        return DistributedDataParallel(module=model, device_ids=device_ids, **ddp_constructor_kwargs(self))

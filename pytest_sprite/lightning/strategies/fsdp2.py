@@ -27,6 +27,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.lightning._internals import fsdp_param_groups
 from pytest_sprite.lightning.strategies._common import (
     LaunchScoped,
     ProcessScope,
@@ -170,12 +171,7 @@ def _fsdp_managed_parameters(model: Module) -> set[int]:
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
-        state = module._get_fsdp_state()
-        groups = getattr(state, "_fsdp_param_groups", None)  # torch >= 2.10: a list
-        if groups is None:
-            group = getattr(state, "_fsdp_param_group", None)
-            groups = [group] if group is not None else []
-        for group in groups:
+        for group in fsdp_param_groups(module):
             managed.update(id(fsdp_param.sharded_param) for fsdp_param in group.fsdp_params)
     return managed
 
@@ -208,7 +204,7 @@ def _keyed_by_name(state: dict[str, Any], model: Module, optimizer: Optimizer, p
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     if isinstance(optimizer, LightningOptimizer):
-        optimizer = optimizer._optimizer
+        optimizer = optimizer.optimizer
     current = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
     current_groups = cast(list[dict[str, Any]], current["param_groups"])
     names = [name for group in current_groups for name in group["params"]]
