@@ -466,3 +466,39 @@ def test_xdist_runs_ranks_tests_in_both_workers_and_merges_the_reports(pytester:
     assert all([r["outcome"] for r in t["ranks"]] == ["passed", "passed"] for t in document["tests"])
     workers = {p.name.split("-")[1] for p in marks.iterdir()}
     assert workers == {"gw0", "gw1"}
+
+
+def test_the_test_column_names_each_test_as_pytests_summary_does(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 item 7: run from another directory (``pytest --pyargs`` from a user's project), the Test column
+    keeps the module: the node id as pytest's short summary shows it, and the file when the module itself was
+    the ``--pyargs`` target (its node id has no path then)."""
+    shipped = pytester.mkdir("site") / "shipped"
+    shipped.mkdir()
+    (shipped / "__init__.py").write_text("")
+    (shipped / "test_shipped.py").write_text(RESULTS)
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path / "site"))
+    project = pytester.mkdir("project")
+    (project / "sub").mkdir()
+
+    def failed_row(*args: str) -> tuple[str, str]:
+        result = run(pytester, "--pyargs", *args)
+        summary = next(line for line in result.outlines if line.startswith("FAILED "))
+        row = next(line for line in result.outlines if line.rstrip().endswith("  FAIL"))
+        return summary.split()[1], row.split()[0]
+
+    # The rootdir above the starting directory, the shipped tests inside it.
+    (pytester.path / "pytest.ini").write_text("[pytest]\n")
+    monkeypatch.chdir(project)
+    shown, cell = failed_row("shipped")
+    assert shown == cell == "../site/shipped/test_shipped.py::test_bad"
+
+    # The user's project is the rootdir, the shipped tests outside it.
+    (pytester.path / "pytest.ini").unlink()
+    (project / "pytest.ini").write_text("[pytest]\n")
+    monkeypatch.chdir(project / "sub")
+    shown, cell = failed_row("shipped")
+    assert shown == cell == "../test_shipped.py::test_bad"
+    shown, cell = failed_row("shipped.test_shipped")
+    assert (shown, cell) == ("..::test_bad", "../../site/shipped/test_shipped.py::test_bad")

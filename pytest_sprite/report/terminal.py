@@ -7,15 +7,18 @@ prints nothing. Colour only when pytest's terminal writer has markup (a TTY, or 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
 
 from pytest_sprite.assertions._tables import render_table
 from pytest_sprite.report.kinds import Kind, get_kind, verdict_counts
 from pytest_sprite.report.store import TestEntry
 
-__all__ = ["KindTable", "build_tables", "render_kind_table", "render_text", "write_summary"]
+__all__ = ["KindTable", "build_tables", "render_kind_table", "render_text", "shown_nodeid", "write_summary"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,19 +75,36 @@ def render_kind_table(table: KindTable, *, short: bool) -> list[tuple[str, bool 
     return out
 
 
-def write_summary(terminalreporter: object, entries: Iterable[TestEntry], *, short: bool) -> None:
+def shown_nodeid(config: pytest.Config, entry: TestEntry) -> str:
+    """The test as pytest's own summary names it: the node id, its path made relative to the directory
+    pytest was started in (``Config.cwd_relative_nodeid``).
+
+    Run as ``pytest --pyargs pkg.test_module``, the module is the starting point itself and its node id has
+    no path (``::test_x``); the test's file is named then, as ``pytest -vv`` names it (``<- path``).
+    """
+    path, sep, rest = entry.nodeid.partition("::")
+    if not path and sep:
+        path = entry.location[0].replace(os.sep, "/")
+    start, root = config.invocation_params.dir, config.rootpath
+    if start != root:
+        path = os.path.relpath(root / path, start).replace(os.sep, "/")
+    return f"{path}{sep}{rest}"
+
+
+def write_summary(terminalreporter: Any, entries: Iterable[TestEntry], *, short: bool) -> None:
     """Print every kind's table through pytest's terminal reporter."""
-    tables = build_tables((e.nodeid, e.assertions) for e in entries)
+    config = terminalreporter.config
+    tables = build_tables((shown_nodeid(config, e), e.assertions) for e in entries)
     if not tables:
         return
     tr = terminalreporter
     for table in tables:
-        tr.write_sep("=", f"sprite: {table.kind.title}", bold=True)  # type: ignore[attr-defined]
+        tr.write_sep("=", f"sprite: {table.kind.title}", bold=True)
         for line, bad in render_kind_table(table, short=short):
             if bad is None:
-                tr.write_line(line, bold=line == table.counts() and table.failed > 0)  # type: ignore[attr-defined]
+                tr.write_line(line, bold=line == table.counts() and table.failed > 0)
             else:
-                tr.write_line(line, red=bad, green=not bad)  # type: ignore[attr-defined]
+                tr.write_line(line, red=bad, green=not bad)
 
 
 def render_text(tables: Sequence[KindTable], *, short: bool = False) -> str:
