@@ -28,7 +28,6 @@ import lightning.pytorch  # noqa: F401
 import peft  # noqa: F401
 import transformers  # noqa: F401
 
-from pytest_sprite import subworld
 from pytest_sprite.assertions.resume import judge_resume
 from pytest_sprite.recipes._resume import ResumeRecipe
 from pytest_sprite.recipes.artifacts import load_resume_run, write_resume_run
@@ -54,8 +53,8 @@ class _Interpreters:
         self.files.append(path)
         code = (
             "import socket, sys\n"
-            "from pytest_sprite.subworld import _rank_main\n"
-            f"_rank_main(open({path!r}, 'rb').read(), socket.socket(fileno={channel.fileno()}))\n"
+            "from pytest_sprite.subworld.rank import rank_main\n"
+            f"rank_main(open({path!r}, 'rb').read(), socket.socket(fileno={channel.fileno()}))\n"
         )
         proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[channel.fileno()])
         self.procs[proc.pid] = proc
@@ -106,9 +105,17 @@ def one_check(strategy: str, ranks: int, precision: str) -> dict[str, Any]:
     }
 
 
-def one_role(strategy: str, ranks: int, precision: str) -> tuple[float, float, bool]:
-    """One ``fit`` role in a sub-world: its wall time, start-up and whether every rank returned."""
+def one_role(
+    strategy: str, ranks: int, precision: str, interpreters: bool = False
+) -> tuple[float, float, bool]:
+    """One ``fit`` role in a sub-world: its wall time, start-up and whether every rank returned.
+
+    With ``interpreters`` every rank is a new interpreter instead of a fork (the plain-test sub-world's
+    host side, given another forker).
+    """
     from pytest_sprite.recipes._resume import RoleSpec, run_role
+    from pytest_sprite.subworld.host import run_plain_world
+    from pytest_sprite.subworld.zygote import DirectForker
 
     with tempfile.TemporaryDirectory(prefix="sprite-bench-role-") as root:
         spec = RoleSpec(
@@ -119,7 +126,8 @@ def one_role(strategy: str, ranks: int, precision: str) -> tuple[float, float, b
             directory=str(Path(root) / "fit"),
         )
         n = 1 if strategy == "single" else ranks
-        result = subworld.run_subworld(run_role, args=(spec,), ranks=n, timeout=1800)
+        forker = _Interpreters() if interpreters else DirectForker()
+        result = run_plain_world(run_role, (spec,), {}, size=n, kill=None, timeout=1800, forker=forker)
     return result.wall_s, result.start_s, result.ok
 
 
@@ -152,12 +160,8 @@ def main() -> None:
         print()
         print(f"{strategy} fit role at {args.ranks} ranks: ranks started by fork against new interpreters")
         print(f"{'':<14} {'role s':>8} {'start-up s':>11}")
-        for label, forker in (("fork", None), ("interpreter", _Interpreters)):
-            subworld._PLAIN_FORKER = forker
-            try:
-                wall, startup, ok = one_role(strategy, args.ranks, args.precision)
-            finally:
-                subworld._PLAIN_FORKER = None
+        for label, interpreters in (("fork", False), ("interpreter", True)):
+            wall, startup, ok = one_role(strategy, args.ranks, args.precision, interpreters)
             print(
                 f"{label:<14} {wall:>8.1f} {startup:>11.2f}   ({'returned' if ok else 'FAILED'})", flush=True
             )

@@ -1,15 +1,25 @@
-"""Process plumbing shared by the processes the harness forks: warm imports and where output goes.
+"""Process plumbing shared by the processes the harness forks: warm imports, where output goes, how one ended.
 
 Stdlib only at import: the local launcher (controller side) and the rank side both use it.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["one_thread_after_fork", "preimport_torch", "redirect_output"]
+__all__ = [
+    "die_with_parent",
+    "install_stack_dumps",
+    "one_thread_after_fork",
+    "preimport_torch",
+    "redirect_output",
+    "wait_status",
+]
 
 
 def preimport_torch() -> None:
@@ -50,3 +60,34 @@ def redirect_output(path: Path, *, stdin_devnull: bool = False) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+
+
+_KEEP: list[IO[Any]] = []
+"""Files faulthandler writes into: kept open for the life of the process."""
+
+
+def install_stack_dumps(output: Path, stacks: Path, signum: int) -> None:
+    """A crash's traceback goes to ``output`` (appended); ``signum`` dumps every thread's stack to ``stacks``."""
+    out = open(output, "a")
+    faulthandler.enable(file=out, all_threads=True)
+    dumps = open(stacks, "w")
+    faulthandler.register(signum, file=dumps, all_threads=True, chain=False)
+    _KEEP.extend([out, dumps])
+
+
+def die_with_parent() -> bool:
+    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG); False where prctl is missing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def wait_status(status: int) -> tuple[int | None, int | None]:
+    """``(exit code, signal)`` of a wait status from ``os.waitpid``: one of them is None."""
+    if os.WIFSIGNALED(status):
+        return None, os.WTERMSIG(status)
+    return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else None), None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import struct
@@ -36,6 +37,7 @@ __all__ = [
     "FrameTooLarge",
     "Interrupted",
     "LaunchFailed",
+    "ObjectReader",
     "Output",
     "Progress",
     "Report",
@@ -46,8 +48,15 @@ __all__ = [
     "child_exited",
     "decode_frame",
     "encode_frame",
+    "encode_object",
+    "forked",
+    "read_zygote_news",
+    "recv_exact",
+    "recv_fork_request",
     "recv_frame",
+    "send_fork_request",
     "send_frame",
+    "zygote_news",
 ]
 
 _HEADER = struct.Struct(">I")
@@ -366,3 +375,83 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes of an incomplete frame still buffered."""
         return len(self._buf)
+
+
+# -- sub-world frames: a sub-world rank <-> the test process that started it, a zygote <-> its test child --
+#
+# A sub-world rank sends pickled tuples (what the function returned, emitted, raised, where it was killed)
+# on its socket to the process that hosts it; values can be any picklable object, so these frames carry
+# pickle, not JSON, and an 8-byte length (a returned state dict can be larger than a JSON frame may be).
+
+_OBJECT_HEADER = struct.Struct(">Q")
+_ZYGOTE_NEWS = struct.Struct(">cQQ")
+
+
+def encode_object(message: tuple[Any, ...]) -> bytes:
+    """One sub-world frame holding ``message`` (pickled)."""
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _OBJECT_HEADER.pack(len(body)) + body
+
+
+class ObjectReader:
+    """Incremental decoder of sub-world frames read from a non-blocking socket."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
+        """Add bytes; return the messages now complete, in order."""
+        self._buf += data
+        messages = []
+        size = _OBJECT_HEADER.size
+        while len(self._buf) >= size:
+            (length,) = _OBJECT_HEADER.unpack_from(self._buf)
+            if len(self._buf) < size + length:
+                break
+            messages.append(pickle.loads(bytes(self._buf[size : size + length])))
+            del self._buf[: size + length]
+        return messages
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket; EOFError when it closes first."""
+    data = _recv_exact(sock, n)
+    if data is None:
+        raise EOFError("connection closed mid-message")
+    return data
+
+
+def send_fork_request(sock: socket.socket, payload: bytes, channel: socket.socket) -> None:
+    """Test child -> zygote: fork a sub-world rank with ``payload``, talking on ``channel`` (passed along)."""
+    socket.send_fds(sock, [_OBJECT_HEADER.pack(len(payload))], [channel.fileno()])
+    sock.sendall(payload)
+
+
+def recv_fork_request(sock: socket.socket) -> tuple[bytes, socket.socket] | None:
+    """Zygote side of :func:`send_fork_request`; None when the test child closed the socket."""
+    header, fds, _, _ = socket.recv_fds(sock, _OBJECT_HEADER.size, 1)
+    if not header:
+        return None
+    (length,) = _OBJECT_HEADER.unpack(header)
+    payload = recv_exact(sock, length)
+    return payload, socket.socket(fileno=fds[0])
+
+
+def forked(pid: int) -> bytes:
+    """Zygote -> test child: the rank it was asked for runs as ``pid``."""
+    return _ZYGOTE_NEWS.pack(b"p", pid, 0)
+
+
+def zygote_news(pid: int, status: int) -> bytes:
+    """Zygote -> test child: rank process ``pid`` ended with wait status ``status``."""
+    return _ZYGOTE_NEWS.pack(b"e", pid, status)
+
+
+def read_zygote_news(buf: bytearray) -> list[tuple[str, int, int]]:
+    """Take the complete records out of ``buf``: ``("pid", pid, 0)`` or ``("exit", pid, status)``."""
+    out = []
+    while len(buf) >= _ZYGOTE_NEWS.size:
+        kind, pid, status = _ZYGOTE_NEWS.unpack(bytes(buf[: _ZYGOTE_NEWS.size]))
+        del buf[: _ZYGOTE_NEWS.size]
+        out.append(("pid" if kind == b"p" else "exit", pid, status))
+    return out

@@ -95,11 +95,22 @@ def _p(name: str) -> str:
         ),
         # Results and progress lines: stdlib and pytest, plus the in-rank world to know the rank.
         ("_results", ("world",)),
-        # Sub-worlds fork fresh ranks: the world they hand the function, device choice, rank variables and
-        # the process plumbing every fork shares.
+        # Sub-worlds fork fresh ranks: the world they hand the function, device choice, rank variables,
+        # the process plumbing every fork shares, the one frame module and the one tail reader (issue 21).
         (
             "subworld",
-            ("world", "errors", "_device", "_rankenv", "_ranges", "_timing", "_process", "_placement"),
+            (
+                "world",
+                "errors",
+                "_device",
+                "_rankenv",
+                "_ranges",
+                "_timing",
+                "_process",
+                "_placement",
+                "protocol",
+                "_output",
+            ),
         ),
         ("records", ("errors",)),
         ("faults", ("errors",)),

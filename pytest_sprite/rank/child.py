@@ -9,7 +9,6 @@ FSDP2 + Triton exit segfault).
 from __future__ import annotations
 
 import base64
-import faulthandler
 import io
 import os
 import signal
@@ -25,13 +24,12 @@ import pytest
 
 from .. import subworld
 from .. import world as _world
-from .._device import select_device
-from .._process import redirect_output
+from .._process import die_with_parent, install_stack_dumps, redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
-from .._rankenv import become_rank, torchrun_variables
 from .._results import DEVICE_ATTR, set_progress_sink
 from .._tmppath import share_tmp_path, shared_test_dir
 from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
+from ..subworld.join import Seat, join_world, tcp_store
 from ..world import World
 from .given import echo_note, prepare_hypothesis_item
 from .leftovers import lead_own_session
@@ -93,7 +91,7 @@ class ChildSession:
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Initialize device and process group before fixtures, so a failure is a setup error."""
-        _world._set_current(self._init_world())
+        self._init_world()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -140,51 +138,28 @@ class ChildSession:
         )
 
     def _init_world(self) -> World:
-        import torch
-        import torch.distributed as dist
-
+        """Join the test's world; rank 0 hosts its store on the socket its agent reserved."""
         spec = self.spec
-        if "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec["local_size"]))
-        device, backend = select_device(spec["device"], spec["device_index"], spec["local_size"])
-        if spec["collective_check"]:
-            # Every group created from here on is wrapped in torch's fingerprint check (issue 9); the
-            # environment variable carries it into processes the test starts (Lightning, sub-worlds).
-            os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-            dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
-        if not dist.is_initialized():
-            timeout = timedelta(seconds=spec["timeout"] + 60)
-            tcp_store: Any = getattr(dist, "TCPStore")  # noqa: B009 (torch exports it without a stub)
-            store = tcp_store(
+
+        def connect(timeout: timedelta) -> Any:
+            return tcp_store(
                 spec["master_addr"],
                 spec["master_port"],
-                world_size=spec["world_size"],
                 is_master=spec["rank"] == 0,
                 timeout=timeout,
-                wait_for_workers=False,
-                master_listen_fd=self.listen_fd if spec["rank"] == 0 else None,
-            )
-            dist.init_process_group(
-                backend=backend,
-                store=store,
-                rank=spec["rank"],
                 world_size=spec["world_size"],
-                timeout=timeout,
+                listen_fd=self.listen_fd if spec["rank"] == 0 else None,
             )
-            self.store = store
-            _ready_barrier(store, rank=spec["rank"], world_size=spec["world_size"])
-        return World(
-            rank=spec["rank"],
-            size=spec["world_size"],
-            local_rank=spec["local_rank"],
-            local_size=spec["local_size"],
-            local_devices=tuple(spec["local_devices"]),
-            node=spec["node"],
-            device=device,
-            backend=backend,
-            _sink=self.channel.collect,
-            _test_dir=self._test_dir,
+
+        world, self.store = join_world(
+            _seat(spec),
+            connect=connect,
+            sink=self.channel.collect,
+            collective_check=spec["collective_check"],
+            test_dir=self._test_dir,
         )
+        _ready_barrier(self.store, rank=spec["rank"], world_size=spec["world_size"])
+        return world
 
     def _test_dir(self) -> Path:
         return shared_test_dir(Path(self.spec["basetemp"]), Path(self.spec["tmp_path"]))
@@ -245,30 +220,20 @@ def _prepare_item(item: pytest.Item, spec: RunSpec) -> None:
     )
 
 
-def _install_stack_dumps(run_dir: Path) -> None:
-    """Crash tracebacks go to the output file; STACK_SIGNAL (the agent's abort) dumps every thread's stack."""
-    output = open(run_dir / "output.log", "a")  # kept open for the life of the child
-    faulthandler.enable(file=output, all_threads=True)
-    stacks = open(run_dir / "stacks.txt", "w")
-    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
-    _KEEP.extend([output, stacks])
-
-
-_KEEP: list[Any] = []
-
-
-def _export_env(spec: RunSpec) -> None:
-    """torchrun's variables for this rank, so a Lightning ``Trainer(devices=n)`` uses these processes."""
-    become_rank(
-        torchrun_variables(
-            rank=spec["rank"],
-            local_rank=spec["local_rank"],
-            world_size=spec["world_size"],
-            local_world_size=spec["local_size"],
-            node=spec["node"],
-            master_addr=spec["master_addr"],
-            master_port=spec["master_port"],
-        )
+def _seat(spec: RunSpec) -> Seat:
+    """Where this child sits in its test's world."""
+    return Seat(
+        rank=spec["rank"],
+        world_size=spec["world_size"],
+        local_rank=spec["local_rank"],
+        local_size=spec["local_size"],
+        node=spec["node"],
+        device_index=spec["device_index"],
+        local_devices=tuple(spec["local_devices"]),
+        master_addr=spec["master_addr"],
+        master_port=spec["master_port"],
+        device=spec["device"],
+        timeout=spec["timeout"],
     )
 
 
@@ -287,15 +252,7 @@ def _die_with_parent(agent_pid: int) -> None:
     Without it, a child waiting in a collective outlives an agent killed by the launcher or the OOM
     killer. No-op where prctl is unavailable.
     """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+    if die_with_parent() and os.getppid() != agent_pid:  # the agent died before prctl took effect
         os._exit(1)
 
 
@@ -305,7 +262,7 @@ def _start_zygote(control: socket.socket, write_fd: int) -> None:
     Sub-worlds started by the test fork their ranks from it, so they start as fresh as this child did;
     it costs one fork made while the spare waits for its test, and ends with this child.
     """
-    subworld._set_zygote(subworld.Zygote.start(close_fds=(control.fileno(), write_fd)))
+    subworld.set_zygote(subworld.Zygote.start(close_fds=(control.fileno(), write_fd)))
 
 
 def run_spare(
@@ -325,7 +282,7 @@ def run_spare(
     lead_own_session()  # what the test starts stays in this session, to be ended with the test
     _die_with_parent(agent_pid)
     redirect_output(run_dir / "output.log", stdin_devnull=True)
-    _install_stack_dumps(run_dir)
+    install_stack_dumps(run_dir / "output.log", run_dir / "stacks.txt", STACK_SIGNAL)
     _start_zygote(control, write_fd)
     message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
     control.close()
@@ -347,7 +304,7 @@ def run_child(
     channel = _Channel(write_fd, spec)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _export_env(spec)
+        _seat(spec).export_env()
         fresh_child_state(item)
         _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)

@@ -1,0 +1,494 @@
+"""The host side of a sub-world: check the call, fork the ranks, watch them, collect every rank's outcome.
+
+The process that calls :func:`run_subworld` hosts its sub-world: it holds the rendezvous store (rank 0 of a
+ranks test holds it for every rank), forks its ranks (directly in a plain test, through its zygote in a ranks
+test), reads their frames, ends them all when one dies or the time is up, and builds the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_sprite._output import tail_of_file
+from pytest_sprite._placement import place
+from pytest_sprite._process import wait_status
+from pytest_sprite._timing import monotonic, sleep
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.protocol import STACK_SIGNAL, ObjectReader
+
+from .join import Seat, tcp_store
+from .plan import KillPlan, KillPoint
+from .rank import RankSpec, in_subworld
+from .result import RankOutcome, SubworldResult
+from .zygote import DirectForker, Forker, current_zygote
+
+if TYPE_CHECKING:
+    from pytest_sprite.world import World
+
+__all__ = ["DEFAULT_TIMEOUT", "run_plain_world", "run_subworld"]
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds a sub-world may run before its ranks' stacks are taken and they are killed."""
+
+_TAIL = 40
+_PEER_KILL_GRACE = 10.0
+"""Seconds a live rank gets to reach its own kill when the plan kills it where another rank was just killed."""
+
+
+@dataclass(kw_only=True)
+class _Hosted:
+    rank: int
+    pid: int
+    channel: socket.socket
+    events: list[tuple[str, Any]] = field(default_factory=list)
+    returned: bool = False
+    value: Any = None
+    error: str = ""
+    killed_at: KillPoint | None = None
+    status: int | None = None
+    eof: bool = False
+    ready_at: float | None = None
+    ended: str = ""
+    timed_out: bool = False
+
+    reader: ObjectReader = field(default_factory=ObjectReader)
+
+
+def _read_channel(h: _Hosted) -> None:
+    while True:
+        try:
+            data = h.channel.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            h.eof = True
+            return
+        for message in h.reader.feed(data):
+            kind = message[0]
+            if kind == "ready":
+                h.ready_at = monotonic()
+            elif kind == "event":
+                h.events.append((message[1], message[2]))
+            elif kind == "return":
+                h.returned, h.value = True, message[1]
+            elif kind == "raise":
+                h.error = message[1]
+            elif kind == "killed":
+                h.killed_at = message[1]
+
+
+def _outcome(h: _Hosted, run_dir: Path) -> RankOutcome:
+    exitcode, signum = wait_status(h.status if h.status is not None else 0)
+    output = tail_of_file(run_dir / f"rank{h.rank}.log", _TAIL)
+    common: dict[str, Any] = {
+        "rank": h.rank,
+        "events": tuple(h.events),
+        "signum": signum,
+        "exitcode": exitcode,
+    }
+    if h.returned:
+        return RankOutcome(status="returned", value=h.value, **common)
+    if h.killed_at is not None:
+        return RankOutcome(status="killed", killed_at=h.killed_at, **common)
+    if h.timed_out:
+        stacks = tail_of_file(run_dir / f"rank{h.rank}.stacks", _TAIL)
+        return RankOutcome(status="timeout", error=h.ended, output=f"{output}\n{stacks}".strip(), **common)
+    if h.error:
+        return RankOutcome(status="raised", error=h.error, output=output, **common)
+    if h.ended:
+        return RankOutcome(status="ended", error=h.ended, **common)
+    return RankOutcome(status="crashed", output=output, **common)
+
+
+def _attribute(outcomes: Sequence[RankOutcome]) -> tuple[RankOutcome, ...]:
+    """Peers of a rank that died fail in their next collective: they were ended by that death, not by a bug.
+
+    Their traceback stays in ``output``; the dead rank comes first in the story.
+    """
+    dead = [o for o in outcomes if o.status in ("killed", "crashed")]
+    if not dead:
+        return tuple(outcomes)
+    why = "; ".join(
+        f"rank {o.rank} was killed at {o.killed_at.describe()}"
+        if o.killed_at is not None
+        else f"rank {o.rank} died before returning"
+        for o in dead
+    )
+    return tuple(
+        dataclasses.replace(o, status="ended", error=why, output=f"{o.error}\n{o.output}".strip())
+        if o.status == "raised"
+        else o
+        for o in outcomes
+    )
+
+
+def _check_fn(fn: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+    if not callable(fn):
+        raise SpriteUsageError(f"run_subworld needs a function, got {type(fn).__name__}")
+    try:
+        pickle.dumps((fn, args, dict(kwargs)))
+    except Exception as exc:
+        raise SpriteUsageError(
+            f"run_subworld({getattr(fn, '__qualname__', fn)!r}, ...): the function and its arguments must be "
+            f"picklable, since every rank gets them in a fresh process ({type(exc).__name__}: {exc}); use a "
+            "module-level function (not a lambda or a nested function) and plain, CPU-side arguments"
+        ) from exc
+
+
+def run_subworld(
+    fn: Callable[..., Any],
+    *,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    ranks: int | None = None,
+    kill: KillPlan | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> SubworldResult:
+    """Run ``fn(world, *args, **kwargs)`` in a sub-world of ``ranks`` fresh processes; every rank's outcome.
+
+    In a ranks test, call it on every rank of the test (like a collective); ranks ``0..ranks-1`` of the test
+    each start one rank of the sub-world (default: as many as the test has; fewer is allowed, more is not).
+    In a plain test the sub-world is a world of its own of ``ranks`` processes (default 1).
+    ``kill`` (e.g. ``KillAt(event="step", at=4)``) kills ranks at their ``kill_point`` calls. The result
+    is the same on every rank; ``result.values()`` raises unless every rank returned.
+    """
+    from pytest_sprite.world import current_world
+
+    if in_subworld():
+        raise SpriteUsageError(
+            "run_subworld cannot be nested: this process is already a rank of a sub-world. Start every "
+            "sub-world from the test itself, one after another"
+        )
+    kwargs = dict(kwargs or {})
+    args = tuple(args)
+    _check_fn(fn, args, kwargs)
+    if kill is not None and not isinstance(kill, KillPlan):
+        raise SpriteUsageError(
+            f"kill= must be a kill plan with should_kill(point) (e.g. KillAt(event='step', at=4)), got {kill!r}"
+        )
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise SpriteUsageError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    world = current_world()
+    if world is not None and world.distributed:
+        return _run_in_ranks_test(world, fn, args, kwargs, ranks, kill, float(timeout))
+    return _run_in_plain_test(fn, args, kwargs, ranks, kill, float(timeout))
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn))))
+
+
+def _check_ranks(ranks: object, most: int | None) -> int:
+    if ranks is None:
+        return most or 1
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise SpriteUsageError(f"run_subworld(ranks={ranks!r}): a positive int")
+    if most is not None and ranks > most:
+        raise SpriteUsageError(
+            f"run_subworld(ranks={ranks}): a sub-world has the same or fewer ranks than the test that starts "
+            f"it, which has {most}; mark the test @pytest.mark.ranks({ranks}) or ask for fewer"
+        )
+    return ranks
+
+
+def _refuse_initialized_device() -> None:
+    """A plain test forks from its own process, which must not hold an initialized CUDA or XPU context."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    for kind in ("cuda", "xpu"):
+        module = getattr(torch, kind, None)
+        initialized = getattr(module, "is_initialized", None)
+        if initialized is not None and initialized():
+            raise SpriteUsageError(
+                f"run_subworld in a test without the ranks marker forks this process, which has already "
+                f"initialized {kind}, and a forked {kind} context does not work; mark the test "
+                "@pytest.mark.ranks(n) (its sub-worlds fork from a copy made before any device was touched)"
+            )
+
+
+def _run_in_plain_test(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ranks: int | None,
+    kill: KillPlan | None,
+    timeout: float,
+) -> SubworldResult:
+    _refuse_initialized_device()
+    return run_plain_world(
+        fn, args, kwargs, size=_check_ranks(ranks, None), kill=kill, timeout=timeout, forker=DirectForker()
+    )
+
+
+def run_plain_world(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    size: int,
+    kill: KillPlan | None,
+    timeout: float,
+    forker: Forker,
+) -> SubworldResult:
+    """A plain test's sub-world of ``size`` ranks on this host, started by ``forker`` (arguments checked).
+
+    ``run_subworld`` forks the ranks from this process; ``bench/resume.py`` passes a forker that starts new
+    interpreters, to time them against forks.
+    """
+    start = monotonic()
+    store = tcp_store("127.0.0.1", 0, is_master=True)
+    seats = [
+        dict(
+            rank=r,
+            world_size=size,
+            local_rank=r,
+            local_size=size,
+            node=0,
+            device_index=r,
+            local_devices=tuple(range(size)),
+        )
+        for r in range(size)
+    ]
+    hosted, run_dir = _start(
+        forker, fn, args, kwargs, seats, ("127.0.0.1", store.port), kill, timeout, "auto"
+    )
+    _watch(hosted, forker, store, size, timeout, start, kill)
+    outcomes = [_outcome(h, run_dir) for h in hosted]
+    _cleanup(run_dir)
+    return SubworldResult(
+        name=_name(fn),
+        outcomes=_attribute(outcomes),
+        wall_s=monotonic() - start,
+        start_s=_ready(hosted, start),
+    )
+
+
+def _run_in_ranks_test(
+    world: World,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    ranks: int | None,
+    kill: KillPlan | None,
+    timeout: float,
+) -> SubworldResult:
+    size = _check_ranks(ranks, world.size)
+    zygote = current_zygote()
+    if zygote is None:
+        raise SpriteUsageError(
+            "run_subworld in a ranks test needs the harness's pre-initialized fork of this rank, which this "
+            "test child does not have; it runs only inside tests that pytest-sprite started"
+        )
+    start = monotonic()
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store: Any = None
+    if world.rank == 0:
+        store = tcp_store(host, 0, is_master=True)
+        port = world.broadcast_object(int(store.port))
+    else:
+        port = world.broadcast_object(0)
+        store = tcp_store(host, port, is_master=False)
+    layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
+    mine = [_subworld_place(layout, size, world.rank)] if world.rank < size else []
+    hosted, run_dir = _start(zygote, fn, args, kwargs, mine, (host, port), kill, timeout, world.device.type)
+    _watch(hosted, zygote, store, size, timeout, start, kill)
+    outcomes = [_outcome(h, run_dir) for h in hosted]
+    _cleanup(run_dir)
+    gathered = world.gather_object((outcomes, _ready(hosted, start)))
+    world.barrier()
+    if world.rank == 0:
+        store = None  # the store's server ends here, after every rank is done with it
+    all_outcomes = sorted((o for part, _ in gathered for o in part), key=lambda o: o.rank)
+    return SubworldResult(
+        name=_name(fn),
+        outcomes=_attribute(all_outcomes),
+        wall_s=world.broadcast_object(monotonic() - start),
+        start_s=max(s for _, s in gathered[:size]) if size else 0.0,
+    )
+
+
+def _subworld_place(layout: Sequence[tuple[int, int]], size: int, rank: int) -> dict[str, Any]:
+    """Where sub-world rank ``rank`` of ``size`` sits, from each test rank's (node, device index) in ``layout``.
+
+    Sub-world rank r runs on test rank r and computes on that rank's device (the rule that places a test's
+    ranks on agents): a packed test sits on any agents' devices (4 and 5, say), so the sub-world's own local
+    rank (0, 1) would pick a neighbour's.
+    """
+    return dict(rank=rank, world_size=size, **dataclasses.asdict(place(layout[:size])[rank]))
+
+
+def _start(
+    forker: Forker,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    seats: list[dict[str, Any]],
+    store: tuple[str, int],
+    kill: KillPlan | None,
+    timeout: float,
+    device: str,
+) -> tuple[list[_Hosted], Path]:
+    run_dir = Path(tempfile.mkdtemp(prefix="sprite-subworld-"))
+    hosted = []
+    for fields_ in seats:
+        seat = Seat(master_addr=store[0], master_port=store[1], device=device, timeout=timeout, **fields_)
+        spec = RankSpec(name=_name(fn), seat=seat, plan=kill, run_dir=str(run_dir))
+        mine, theirs = socket.socketpair()
+        payload = pickle.dumps((spec, fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        pid = forker.spawn(payload, theirs)
+        theirs.close()
+        mine.setblocking(False)
+        hosted.append(_Hosted(rank=seat.rank, pid=pid, channel=mine))
+    return hosted, run_dir
+
+
+def _ready(hosted: list[_Hosted], start: float) -> float:
+    """Seconds from ``start`` until the last hosted rank was running with its function loaded."""
+    times = [h.ready_at for h in hosted if h.ready_at is not None]
+    return max(times) - start if times else 0.0
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _watch(
+    hosted: list[_Hosted],
+    forker: Forker,
+    store: Any,
+    size: int,
+    timeout: float,
+    start: float,
+    kill: KillPlan | None,
+) -> None:
+    """Read every hosted rank until it ends; end them all when any dies or the time is up.
+
+    A rank that the kill plan also kills where another rank was killed (``KillAt("step", 4)`` on every
+    rank) first gets up to ``_PEER_KILL_GRACE`` seconds to reach that point: a rank still finishing the
+    step before it would otherwise be ended, not killed there, and the plan's kill would not be what ran.
+    """
+    deadline = start + timeout
+    last_poll = 0.0
+    first_death: float | None = None
+    while any(h.status is None for h in hosted) or any(not h.eof for h in hosted):
+        socks = [h.channel for h in hosted if not h.eof]
+        if socks:
+            select.select(socks, [], [], 0.02)
+        else:
+            sleep(0.02)
+        for h in hosted:
+            if not h.eof:
+                _read_channel(h)
+        for pid, status in forker.poll().items():
+            for h in hosted:
+                if h.pid == pid:
+                    _ended(h, status, store)
+        now = monotonic()
+        if now - last_poll > 0.05:
+            last_poll = now
+            if store.add("sprite/ended", 0) > 0:
+                first_death = now if first_death is None else first_death
+                spared = (
+                    _due_to_be_killed(hosted, store, size, kill)
+                    if now - first_death < _PEER_KILL_GRACE
+                    else ()
+                )
+                _end_live(hosted, store, size, spared=spared)
+        if now > deadline:
+            _time_out(hosted, timeout)
+            deadline = float("inf")
+    for h in hosted:
+        h.channel.close()
+
+
+def _ended(h: _Hosted, status: int, store: Any) -> None:
+    """Hosted rank ``h`` ended with wait status ``status``: read what is left, tell the peers if it died."""
+    h.status = status
+    if not h.eof:
+        _read_channel(h)
+    if h.returned or h.ended:
+        return
+    why = (
+        f"rank {h.rank} was killed at {h.killed_at.describe()}"
+        if h.killed_at is not None
+        else f"rank {h.rank} died before returning"
+    )
+    store.set(f"sprite/ended/{h.rank}", why)
+    if h.killed_at is not None:
+        point = h.killed_at
+        store.set(f"sprite/killed/{h.rank}", json.dumps([point.event, point.count, point.index]))
+    store.add("sprite/ended", 1)
+
+
+def _time_out(hosted: list[_Hosted], timeout: float) -> None:
+    """The sub-world's time is up: take the stacks of the ranks still running, then kill them."""
+    for h in hosted:
+        if h.status is None:
+            h.timed_out = True
+            h.ended = f"did not finish within the sub-world's timeout of {timeout:g} s"
+            _kill(h.pid, STACK_SIGNAL)
+    sleep(1.0)
+    for h in hosted:
+        if h.status is None:
+            _kill(h.pid, signal.SIGKILL)
+
+
+def _due_to_be_killed(hosted: list[_Hosted], store: Any, size: int, kill: KillPlan | None) -> tuple[int, ...]:
+    """The live hosted ranks that ``kill`` kills at a point where another rank of the sub-world was killed."""
+    if kill is None:
+        return ()
+    points = []
+    for r in range(size):
+        if store.check([f"sprite/killed/{r}"]):
+            event, count, index = json.loads(store.get(f"sprite/killed/{r}"))
+            points.append((event, count, index))
+    return tuple(
+        h.rank
+        for h in hosted
+        if h.status is None
+        and not h.returned
+        and any(
+            kill.should_kill(KillPoint(rank=h.rank, event=event, count=count, index=index, detail=""))
+            for event, count, index in points
+        )
+    )
+
+
+def _end_live(hosted: list[_Hosted], store: Any, size: int, *, spared: tuple[int, ...] = ()) -> None:
+    for h in hosted:
+        if h.rank in spared:
+            continue
+        if h.status is None and not h.ended and not h.returned:
+            whose = [
+                store.get(f"sprite/ended/{r}").decode()
+                for r in range(size)
+                if store.check([f"sprite/ended/{r}"])
+            ]
+            h.ended = "; ".join(whose) or "another rank of the sub-world died"
+            _kill(h.pid, signal.SIGKILL)
+        elif h.status is None and h.returned:
+            _kill(h.pid, signal.SIGKILL)  # it returned and waits for the dead rank at its exit
+
+
+def _cleanup(run_dir: Path) -> None:
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""Join a world: the one way a fresh rank process gets its variables, device, store and default process group.
+
+A test child (``rank/child.py``) and a sub-world rank (``subworld/rank.py``) both start as a fresh fork with
+no device and no process group; each becomes one rank of its world the same way (issue 21). They differ only
+in who hosts the rendezvous store (the test's rank 0, or the process that started the sub-world) and in where
+the world's collected tensors go.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_sprite._device import select_device
+from pytest_sprite._rankenv import become_rank, torchrun_variables
+from pytest_sprite.world import World, _set_current
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Seat", "join_world", "tcp_store"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seat:
+    """Where one rank sits in the world it joins."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    """Rank among the world's ranks on its node (LOCAL_RANK)."""
+    local_size: int
+    node: int
+    device_index: int
+    """The device this rank computes on."""
+    local_devices: tuple[int, ...]
+    """The device indices of the world's ranks on this node, in local-rank order (``World.local_devices``)."""
+    master_addr: str
+    master_port: int
+    device: str
+    """The device kind asked for (``auto``, ``cpu``, ``cuda``, ``xpu``)."""
+    timeout: float
+    """Seconds the rank may run; the store and the process group wait a minute longer."""
+
+    def export_env(self) -> None:
+        """torchrun's variables for this rank, so that a Lightning ``Trainer(devices=n)`` uses this world."""
+        become_rank(
+            torchrun_variables(
+                rank=self.rank,
+                local_rank=self.local_rank,
+                world_size=self.world_size,
+                local_world_size=self.local_size,
+                node=self.node,
+                master_addr=self.master_addr,
+                master_port=self.master_port,
+            )
+        )
+
+
+def tcp_store(
+    host: str,
+    port: int,
+    *,
+    is_master: bool,
+    timeout: timedelta | None = None,
+    world_size: int | None = None,
+    listen_fd: int | None = None,
+) -> Any:
+    """A TCPStore (torch exports the class without a type stub); ``listen_fd`` is an already listening socket."""
+    import torch.distributed as dist
+
+    make: Any = getattr(dist, "TCPStore")  # noqa: B009
+    extra = {} if world_size is None and listen_fd is None else {"world_size": world_size}
+    if listen_fd is not None:
+        extra["master_listen_fd"] = listen_fd
+    return make(
+        host,
+        port,
+        is_master=is_master,
+        timeout=timeout or timedelta(seconds=300),
+        wait_for_workers=False,
+        **extra,
+    )
+
+
+def join_world(
+    seat: Seat,
+    *,
+    connect: Callable[[timedelta], Any],
+    sink: Callable[[str, int, torch.Tensor], None],
+    group_prefix: str | None = None,
+    collective_check: bool = False,
+    test_dir: Callable[[], Path] | None = None,
+) -> tuple[World, Any]:
+    """Device and default process group of this rank, on the store ``connect(timeout)`` returns.
+
+    The World made is this process's current world. ``group_prefix`` keeps the group's keys apart from
+    what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check (issue 9).
+    Returns the world and the store. Raises when this process already has a default process group: a fresh
+    rank never does, and a group inherited through a fork must not be reused.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // seat.local_size))
+    device, backend = select_device(seat.device, seat.device_index, seat.local_size)
+    if collective_check:
+        # the environment variable carries the check into processes the test starts (Lightning, sub-worlds)
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
+    if dist.is_initialized():
+        raise RuntimeError(f"rank {seat.rank} started with a process group already initialized")
+    timeout = timedelta(seconds=seat.timeout + 60)
+    store = connect(timeout)
+    prefix_store: Any = getattr(dist, "PrefixStore")  # noqa: B009 (torch exports it without a stub)
+    dist.init_process_group(
+        backend=backend,
+        store=store if group_prefix is None else prefix_store(group_prefix, store),
+        rank=seat.rank,
+        world_size=seat.world_size,
+        timeout=timeout,
+    )
+    world = World(
+        rank=seat.rank,
+        size=seat.world_size,
+        local_rank=seat.local_rank,
+        local_size=seat.local_size,
+        local_devices=seat.local_devices,
+        node=seat.node,
+        device=device,
+        backend=backend,
+        _sink=sink,
+        _test_dir=test_dir,
+    )
+    _set_current(world)
+    return world, store

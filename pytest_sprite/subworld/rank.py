@@ -1,0 +1,153 @@
+"""Inside a sub-world rank: the process body, and what the code under test calls there (``emit``, ``kill_point``)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pytest_sprite._process import die_with_parent, install_stack_dumps, redirect_output
+from pytest_sprite._timing import monotonic, sleep
+from pytest_sprite.protocol import STACK_SIGNAL, encode_object
+
+from .join import Seat, join_world, tcp_store
+from .plan import KillPlan, KillPoint
+
+__all__ = ["RankSpec", "emit", "in_subworld", "kill_point", "rank_main"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """The request a sub-world rank is forked with: its seat in the sub-world and how it runs."""
+
+    name: str
+    seat: Seat
+    plan: KillPlan | None
+    run_dir: str
+    """Where the rank's output (``rank<r>.log``) and stacks (``rank<r>.stacks``) go."""
+
+
+@dataclass(kw_only=True)
+class _Context:
+    rank: int
+    plan: KillPlan | None
+    channel: socket.socket
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+_CONTEXT: _Context | None = None
+
+
+def in_subworld() -> bool:
+    """True inside a sub-world rank."""
+    return _CONTEXT is not None
+
+
+def _send(sock: socket.socket, message: tuple[Any, ...]) -> None:
+    sock.sendall(encode_object(message))
+
+
+def emit(name: str, value: Any) -> None:
+    """Send ``value`` under ``name`` to the test that started this sub-world, now (it survives a kill).
+
+    Outside a sub-world it does nothing, so instrumented code runs anywhere. ``value`` must be picklable;
+    tensors should be on the CPU.
+    """
+    ctx = _CONTEXT
+    if ctx is None:
+        return
+    _send(ctx.channel, ("event", name, value))
+
+
+def kill_point(event: str, index: int | None = None, *, detail: str = "") -> None:
+    """A point where the sub-world's kill plan may kill this rank: ``kill_point("step", 4)``.
+
+    Counts every call per event name; the plan sees the count, the index and the detail. Outside a
+    sub-world, or without a plan, it does nothing.
+    """
+    ctx = _CONTEXT
+    if ctx is None:
+        return
+    ctx.counts[event] = count = ctx.counts.get(event, 0) + 1
+    if ctx.plan is None:
+        return
+    point = KillPoint(rank=ctx.rank, event=event, count=count, index=index, detail=detail)
+    if ctx.plan.should_kill(point):
+        signum = getattr(ctx.plan, "signum", signal.SIGKILL)
+        _send(ctx.channel, ("killed", point, signum))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signum)
+        sleep(5.0)  # a catchable signal that was caught: die anyway
+        os._exit(128 + int(signum))
+
+
+def rank_main(payload: bytes, channel: socket.socket) -> NoReturn:
+    """Body of a sub-world rank (a fresh fork): join the sub-world, run the function, report, exit."""
+    global _CONTEXT
+    code = 0
+    try:
+        die_with_parent()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        spec, fn, args, kwargs = pickle.loads(payload)
+        _send(channel, ("ready",))  # start-up ends here: the process runs and has the function loaded
+        rank, run_dir = spec.seat.rank, Path(spec.run_dir)
+        redirect_output(run_dir / f"rank{rank}.log")
+        install_stack_dumps(run_dir / f"rank{rank}.log", run_dir / f"rank{rank}.stacks", STACK_SIGNAL)
+        _CONTEXT = _Context(rank=rank, plan=spec.plan, channel=channel)
+        world, store = _join(spec.seat)
+        try:
+            value = fn(world, *args, **kwargs)
+        except BaseException:
+            _send(channel, ("raise", traceback.format_exc()))
+            code = 1
+        else:
+            _send(channel, ("return", value))
+        _leave(store, spec.seat.world_size)
+    except BaseException:
+        try:
+            _send(channel, ("raise", traceback.format_exc()))
+        except OSError:
+            pass
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _collect(name: str, rank: int, tensor: Any) -> None:
+    """``world.collect`` in a sub-world: the tensor goes to the test as an emitted value."""
+    emit(f"collected:{name}", tensor.detach().cpu().clone())
+
+
+def _join(seat: Seat) -> tuple[Any, Any]:
+    """This rank's World and the sub-world's store (hosted by the process that started the sub-world)."""
+    seat.export_env()
+
+    def connect(timeout: timedelta) -> Any:
+        return tcp_store(seat.master_addr, seat.master_port, is_master=False, timeout=timeout)
+
+    return join_world(seat, connect=connect, sink=_collect, group_prefix="pg")
+
+
+def _leave(store: Any, world_size: int) -> None:
+    """Wait (bounded) until every rank has returned, so no peer loses a connection it still uses."""
+    deadline = monotonic() + 60.0
+    try:
+        count = store.add("sprite/done", 1)
+        while count < world_size and monotonic() < deadline:
+            sleep(0.005)
+            count = store.add("sprite/done", 0)
+    except Exception:  # a dead peer can break the store; this rank's result is already sent
+        pass

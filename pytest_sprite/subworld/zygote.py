@@ -1,0 +1,220 @@
+"""Forking sub-world ranks: directly from a plain test's process, or through the test child's zygote.
+
+A zygote is a copy of a test child forked before the child touched a device or a process group (issue 11);
+forking a sub-world's rank from it later gives a process as fresh as the test child was.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import NoReturn, Protocol
+
+from pytest_sprite._process import die_with_parent, one_thread_after_fork
+from pytest_sprite.protocol import (
+    forked,
+    read_zygote_news,
+    recv_fork_request,
+    send_fork_request,
+    zygote_news,
+)
+
+from .rank import rank_main
+
+__all__ = ["DirectForker", "Forker", "Zygote", "current_zygote", "set_zygote", "zygote_pid"]
+
+
+class Forker(Protocol):
+    """Starts sub-world ranks and says which of them ended."""
+
+    def spawn(self, payload: bytes, channel: socket.socket) -> int:
+        """Start a rank running ``payload`` that talks on ``channel``; its pid."""
+        ...
+
+    def poll(self) -> dict[int, int]:
+        """The ranks that ended since the last call: pid -> wait status."""
+        ...
+
+
+class DirectForker:
+    """Forks ranks from this process: a plain test's world of its own."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def spawn(self, payload: bytes, channel: socket.socket) -> int:
+        if not self.pids:
+            _prepare(payload)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                one_thread_after_fork()
+                rank_main(payload, channel)
+            finally:
+                os._exit(70)
+        self.pids.append(pid)
+        return pid
+
+    def poll(self) -> dict[int, int]:
+        done = {}
+        for pid in list(self.pids):
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got, status = pid, 0
+            if got:
+                done[pid] = status
+                self.pids.remove(pid)
+        return done
+
+
+class Zygote:
+    """A copy of a test child forked before it touched a device: it forks that rank's sub-world processes.
+
+    Started by the test child (``Zygote.start()``) while it is still free of devices and process groups;
+    forking from it later gives a process as fresh as the test child was. It dies with the test child.
+    """
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+        self._exits: dict[int, int] = {}
+        self._buf = bytearray()
+
+    @classmethod
+    def start(cls, close_fds: Sequence[int] = ()) -> Zygote:
+        """Fork the zygote now; call before the process initializes a device.
+
+        ``close_fds`` are the caller's descriptors the zygote must not hold (its pipe to the agent), so
+        that they close when the caller ends.
+        """
+        parent, child = socket.socketpair()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                parent.close()
+                for fd in close_fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                _zygote_main(child)
+            finally:
+                os._exit(70)
+        child.close()
+        return cls(pid, parent)
+
+    def spawn(self, payload: bytes, channel: socket.socket) -> int:
+        send_fork_request(self.sock, payload, channel)
+        while True:
+            for kind, pid, status in self._read(block=True):
+                if kind == "pid":
+                    return pid
+                self._exits[pid] = status
+
+    def poll(self) -> dict[int, int]:
+        for kind, pid, status in self._read(block=False):
+            if kind == "exit":
+                self._exits[pid] = status
+        done, self._exits = self._exits, {}
+        return done
+
+    def _read(self, *, block: bool) -> list[tuple[str, int, int]]:
+        out: list[tuple[str, int, int]] = []
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], None if block and not out else 0)
+            if not ready:
+                return out
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise RuntimeError("the sub-world zygote of this rank died")
+            self._buf += data
+            out += read_zygote_news(self._buf)
+            if out:
+                return out
+
+    def close(self) -> None:
+        """End the zygote (and any rank it still runs)."""
+        self.sock.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _zygote_main(sock: socket.socket) -> NoReturn:
+    """Serve fork requests until the test child closes the socket; report every rank's exit status."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    running: list[int] = []
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.02)
+        for pid in list(running):
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                running.remove(pid)
+                sock.sendall(zygote_news(pid, status))
+        if not ready:
+            continue
+        request = recv_fork_request(sock)
+        if request is None:
+            for pid in running:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os._exit(0)
+        payload, channel = request
+        _prepare(payload)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            rank_main(payload, channel)
+        channel.close()
+        running.append(pid)
+        sock.sendall(forked(pid))
+
+
+def _prepare(payload: bytes) -> None:
+    """Load, once in the process that forks the ranks, what every rank of the sub-world needs.
+
+    Unpickling imports the function's modules; its ``subworld_prepare(*args, **kwargs)`` attribute, when
+    it has one, can load more (a model on the CPU). Both stay loaded for every later fork. Must not touch
+    a device or a process group. Errors are left for the rank to report.
+    """
+    try:
+        _spec, fn, args, kwargs = pickle.loads(payload)
+        prepare = getattr(fn, "subworld_prepare", None)
+        if callable(prepare):
+            prepare(*args, **kwargs)
+    except Exception:
+        pass
+
+
+_ZYGOTE: Zygote | None = None
+
+
+def current_zygote() -> Zygote | None:
+    """This test child's zygote, None when it has none (a plain test, or outside a test child)."""
+    return _ZYGOTE
+
+
+def zygote_pid() -> int | None:
+    """The pid of this test child's zygote, None when it has none (a plain test, or outside a child)."""
+    return _ZYGOTE.pid if _ZYGOTE is not None else None
+
+
+def set_zygote(zygote: Zygote | None) -> None:
+    """Called by the test child: the zygote it forked before initializing its device."""
+    global _ZYGOTE
+    _ZYGOTE = zygote
