@@ -16,6 +16,30 @@ pytest_plugins = ["pytester"]
 
 SLOW_MARKERS = ("slow",)
 
+REPORTED_VERSIONS = (
+    "torch",
+    "lightning",
+    "transformers",
+    "peft",
+    "hypothesis",
+    "pytest",
+    "pytest-xdist",
+    "mpi4py",
+)
+"""Printed at the top of every run, so a CI log says what a fresh install got today (issue 20)."""
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return "versions: " + ", ".join(f"{name} {installed(name)}" for name in REPORTED_VERSIONS)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
