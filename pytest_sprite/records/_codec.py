@@ -1,0 +1,143 @@
+"""The one codec of every record: a frozen dataclass to plain containers and back, driven by its field types.
+
+A record is stored with ``torch.save`` (tensors stay tensors) and summarized in JSON, so its stored form is
+made of dicts, lists, numbers, strings, None and tensors only. The field annotations say how:
+
+- a dataclass becomes a dict of its fields (``source``, where a record was read from, is not part of it);
+  a field marked :data:`AS_ROWS` stores a sequence of dataclasses as lists of their field values;
+- ``tuple[...]`` becomes a list, ``Mapping[...]`` a dict, each element encoded by its own type;
+- ``Any`` is stored as it is (an optimizer's param groups and a scheduler's state, as captured);
+- reading back converts each value to its annotated type (``int``, ``float``, ``bool``, tuples), and a
+  missing field with a default takes the default.
+
+Pure: torch is never imported (tensors pass through as values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pytest_sprite.errors import SpriteUsageError
+
+__all__ = [
+    "AS_ROWS",
+    "RECORD_FORMAT",
+    "check_stored",
+    "decode",
+    "encode",
+    "finite_or_repr",
+]
+
+RECORD_FORMAT = 1
+"""Format of every stored record (``format`` in its stored form)."""
+AS_ROWS: Mapping[str, bool] = {"rows": True}
+"""Field metadata: store a tuple of dataclasses as one list of field values each (compact, positional)."""
+SKIPPED = ("source",)
+"""Fields that say where a record lives, not what it is: never stored."""
+
+T = TypeVar("T")
+
+
+class _Torch:
+    """Stands in for ``torch`` when annotations are resolved: a tensor is stored as it is."""
+
+    Tensor = Any
+
+
+def finite_or_repr(x: float) -> float | str:
+    """The JSON rule of every figure: a finite float as it is, ``inf`` / ``-inf`` / ``nan`` as their repr."""
+    return x if math.isfinite(x) else repr(x)
+
+
+def check_stored(data: Mapping[str, Any], kind: str | None, what: str, remedy: str) -> None:
+    """Refuse a stored record of another format or kind, naming both and what to do instead."""
+    if data.get("format") != RECORD_FORMAT or (kind is not None and data.get("kind") != kind):
+        raise SpriteUsageError(
+            f"this is not {what} of format {RECORD_FORMAT} (format {data.get('format')!r}, kind "
+            f"{data.get('kind')!r}); {remedy}"
+        )
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """The resolved field types of a record class (``torch.Tensor`` as ``Any``), once per class."""
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]), {"torch": _Torch})
+    return _HINTS[cls]
+
+
+def _fields(cls: type) -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(cls) if f.name not in SKIPPED]
+
+
+def encode(record: Any, header: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``record`` (a dataclass) as plain containers, after the ``header`` keys (``format``, ``kind``)."""
+    hints = _hints(type(record))
+    out: dict[str, Any] = dict(header or {})
+    for f in _fields(type(record)):
+        out[f.name] = _encode(hints[f.name], getattr(record, f.name), rows=bool(f.metadata.get("rows")))
+    return out
+
+
+def _encode(tp: Any, value: Any, *, rows: bool = False) -> Any:
+    if value is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _encode(next(a for a in args if a is not type(None)), value)
+    if dataclasses.is_dataclass(tp):
+        return encode(value)
+    if origin is tuple:
+        if rows:
+            return [[getattr(v, f.name) for f in _fields(type(v))] for v in value]
+        if len(args) == 2 and args[1] is Ellipsis:
+            return [_encode(args[0], v) for v in value]
+        return [_encode(a, v) for a, v in zip(args, value, strict=True)]
+    if origin in (Mapping, dict, typing.Mapping):
+        return {k: _encode(args[1], v) for k, v in value.items()}
+    return value
+
+
+def decode(cls: type[T], data: Mapping[str, Any]) -> T:
+    """The ``cls`` record stored as ``data`` (the inverse of :func:`encode`; header keys are ignored)."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in _fields(cls):
+        if f.name not in data:
+            continue  # the field's default
+        kwargs[f.name] = _decode(hints[f.name], data[f.name], rows=bool(f.metadata.get("rows")))
+    return cls(**kwargs)
+
+
+def _decode(tp: Any, value: Any, *, rows: bool = False) -> Any:
+    if value is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return _decode(next(a for a in args if a is not type(None)), value)
+    if dataclasses.is_dataclass(tp):
+        return decode(tp, value)  # type: ignore[arg-type]
+    if origin is tuple:
+        if rows:
+            return tuple(_decode_row(args[0], row) for row in value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v) for v in value)
+        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+    if origin in (Mapping, dict, typing.Mapping):
+        return {k: _decode(args[1], v) for k, v in value.items()}
+    if tp in (int, float, bool):
+        return tp(value)
+    return value
+
+
+def _decode_row(cls: type[T], row: list[Any]) -> T:
+    hints = _hints(cls)
+    return cls(**{f.name: _decode(hints[f.name], v) for f, v in zip(_fields(cls), row, strict=True)})
