@@ -122,9 +122,14 @@ def progress(message: str) -> None:
 
 
 def write_progress(config: pytest.Config, line: str) -> None:
-    """Write one line to the terminal now, past output capture (as pytest's live logging does); ``-q`` hides it."""
+    """Write one line to the terminal now, past output capture (as pytest's live logging does); only with ``-v``.
+
+    At pytest's default verbosity the line of progress dots is one line per module: a line of ours in
+    between would break it in two after every arm, so progress is for ``-v``, where each test has its own
+    line anyway (issue 20).
+    """
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None or config.get_verbosity() < 0:
+    if reporter is None or config.get_verbosity() < 1:
         return
     capman = config.pluginmanager.get_plugin("capturemanager")
     if capman is None:

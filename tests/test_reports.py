@@ -201,7 +201,7 @@ def test_ranks_tests_report_each_rank_and_the_progress_lines(pytester: pytest.Py
                 os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    result = run(pytester, "--sprite-report=report.json", "--junitxml=junit.xml")
+    result = run(pytester, "--sprite-report=report.json", "--junitxml=junit.xml", "-v")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         [
