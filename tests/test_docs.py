@@ -193,5 +193,17 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-6000:]
-    assert (tmp_path / "index.html").exists()
+    import pytest_sprite
+
+    api = (tmp_path / "reference" / "api.html").read_text(encoding="utf-8")
+    documented = set(re.findall(r'id="pytest_sprite\.(\w+)"', api))
+    assert set(pytest_sprite.__all__) - documented == set(), "public names missing from the API page"
     shutil.rmtree(tmp_path / ".doctrees", ignore_errors=True)
+
+
+def test_the_readmes_links_lead_to_files() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert targets, "the README links to nothing"
+    missing = [t for t in targets if not t.startswith("http") and not (ROOT / t).exists()]
+    assert missing == []
