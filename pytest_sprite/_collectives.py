@@ -1,16 +1,39 @@
 """What a rank's collectives say about a failure: the one it waits in, and a mismatch in short (issue 9).
 
 Pure text functions over a faulthandler dump and torch's collective fingerprint error, so a timeout
-report can name the collective each rank waits in, and a ``--collective-check`` failure shows each
-rank's op, shapes, dtypes and sequence number on one line. Stdlib only; both sides import it.
+report can name the collective each rank waits in and where each rank is (:func:`whereabouts`, the
+roll call of issue 27), and a ``--collective-check`` failure shows each rank's op, shapes, dtypes and
+sequence number on one line. Stdlib only; both sides import it.
 """
 
 from __future__ import annotations
 
+import linecache
 import re
+from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["mismatch_summary", "waiting_collective"]
+__all__ = [
+    "NO_STACK",
+    "STACK_WAIT",
+    "Frame",
+    "Where",
+    "called_name",
+    "is_library",
+    "mismatch_summary",
+    "missing_stack",
+    "no_stack_text",
+    "normalize_stacks",
+    "parse_threads",
+    "waiting_collective",
+    "whereabouts",
+]
+
+STACK_WAIT: Final = 15.0
+"""Seconds an agent waits for its child to answer the stack signal before it kills it without a stack."""
+
+NO_STACK: Final = "sprite: no stack: "
+"""What an ended rank's stacks hold, followed by the reason, when none could be taken."""
 
 _FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
 _FINGERPRINT: Final = re.compile(
@@ -55,3 +78,139 @@ def mismatch_summary(message: str) -> str | None:
         dtypes = f" {found['dtypes']}" if found["dtypes"] else ""
         lines.setdefault(rank, f"rank {rank}: {found['op']} #{found['seq']}{shape}{dtypes}")
     return "\n".join(lines[r] for r in sorted(lines)) or None
+
+
+def no_stack_text(reason: str) -> str:
+    """The stacks field of a rank whose stack could not be taken, saying why."""
+    return f"{NO_STACK}{reason}"
+
+
+def missing_stack(stacks: str) -> str | None:
+    """Why a rank has no stack (see :func:`no_stack_text`), None when it has one or was not asked."""
+    return stacks[len(NO_STACK) :].strip() if stacks.startswith(NO_STACK) else None
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a faulthandler dump."""
+
+    path: str
+    line: int
+    func: str
+
+
+def parse_threads(stacks: str) -> list[list[Frame]]:
+    """The threads of a faulthandler dump, each a list of frames, most recent first; threads without frames left out."""
+    threads: list[list[Frame]] = []
+    current: list[Frame] | None = None
+    for text in stacks.splitlines():
+        if "(most recent call first)" in text:
+            current = []
+            threads.append(current)
+            continue
+        frame = _FRAME.match(text)
+        if frame is None:
+            continue
+        if current is None:
+            current = []
+            threads.append(current)
+        current.append(Frame(frame["path"], int(frame["line"]), frame["func"]))
+    return [t for t in threads if t]
+
+
+_ADDRESS: Final = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def normalize_stacks(stacks: str) -> str:
+    """``stacks`` as compared between ranks: thread addresses and blank lines dropped."""
+    return "\n".join(_ADDRESS.sub("0x...", line.rstrip()) for line in stacks.splitlines() if line.strip())
+
+
+_LIBRARY: Final = re.compile(
+    r"/(?:site-packages|dist-packages)/|/lib/python\d[\d.]*/|^<frozen |/torch/|/_pytest/|/pluggy/"
+)
+
+
+def is_library(path: str) -> bool:
+    """True for a frame of the standard library, an installed package, torch, pytest or the harness itself.
+
+    The sprite's own code under test (``pytest_sprite/lightning``) counts as the user's.
+    """
+    if "/pytest_sprite/" in path:
+        return "/pytest_sprite/lightning/" not in path
+    return bool(_LIBRARY.search(path))
+
+
+_CALL: Final = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+
+
+def called_name(path: str, line: int) -> str | None:
+    """The first function a source line calls (``time.sleep`` for ``time.sleep(60)``), None when unreadable."""
+    found = _CALL.search(linecache.getline(path, line))
+    return found[1] if found else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Where:
+    """Where one rank was when its stack was taken: its innermost frame of user code, and the collective it waits in."""
+
+    collective: str | None
+    """The torch.distributed function a thread waits in, None when none does."""
+    path: str
+    line: int
+    callee: str | None
+    """What the user frame calls (from its source line, else the next frame's function)."""
+
+    @property
+    def at(self) -> str:
+        return f"{self.path.rsplit('/', 1)[-1]}:{self.line}"
+
+    def text(self) -> str:
+        """``waiting in all_reduce (test.py:9)`` or ``elsewhere, in time.sleep (test.py:11)``."""
+        if self.collective is not None:
+            return f"waiting in {self.collective} ({self.at})"
+        if self.callee is not None:
+            return f"elsewhere, in {self.callee} ({self.at})"
+        return f"elsewhere ({self.at})"
+
+
+def _collective_in(thread: list[Frame]) -> tuple[str, int] | None:
+    """The innermost public torch.distributed function of ``thread`` and its index, None if none."""
+    for i, frame in enumerate(thread):
+        if "/torch/distributed/" in frame.path and not frame.func.startswith("_") and frame.func != "wrapper":
+            return frame.func, i
+    return None
+
+
+def _user_frame(thread: list[Frame], start: int) -> int | None:
+    """Index of the first frame of user code at or after ``start`` (outward), None when there is none."""
+    return next((i for i in range(start, len(thread)) if not is_library(thread[i].path)), None)
+
+
+def whereabouts(stacks: str) -> Where | None:
+    """Where the rank whose faulthandler dump is ``stacks`` was, None when no thread shows a frame.
+
+    The thread waiting in a collective speaks for the rank; else the main thread (the one whose
+    outermost frame is a module's), else the first with user code.
+    """
+    threads = parse_threads(stacks)
+    if not threads:
+        return None
+    for thread in threads:
+        found = _collective_in(thread)
+        if found is not None:
+            collective, i = found
+            user = _user_frame(thread, i + 1)
+            if user is None:
+                user = next((j for j in range(i + 1, len(thread)) if "/torch/" not in thread[j].path), i)
+            frame = thread[user]
+            return Where(collective=collective, path=frame.path, line=frame.line, callee=collective)
+    with_user = [t for t in threads if _user_frame(t, 0) is not None]
+    main = [t for t in with_user if t[-1].func == "<module>"]
+    thread = (main or with_user or threads)[0]
+    user = _user_frame(thread, 0)
+    if user is None:
+        user = 0
+    frame = thread[user]
+    callee = called_name(frame.path, frame.line) or (thread[user - 1].func if user > 0 else None)
+    return Where(collective=None, path=frame.path, line=frame.line, callee=callee)

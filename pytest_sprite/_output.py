@@ -1,7 +1,9 @@
 """What the harness shows of a rank's output: the tail of a log file, without the harness's own frames.
 
 A rank's stack at a timeout should show the test and the library it waits in, not the fifty
-frames of pluggy, pytest's runner and the rank agent below it. Stdlib only: both sides use it.
+frames of pluggy, pytest's runner and the rank agent below it; a rank's traceback should end at the
+test's line that called the collective, not print the source and docstring of ``all_reduce``
+(:func:`hide_library_frames`). Stdlib only: both sides use it.
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["strip_harness_frames", "tail_of_file"]
+__all__ = ["hide_library_frames", "strip_harness_frames", "tail_of_file"]
 
 
 def _harness_dirs() -> list[str]:
@@ -55,3 +58,30 @@ def tail_of_file(
     if strip_harness:
         text = strip_harness_frames(text)
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _hidden_module(name: str) -> bool:
+    """torch.distributed's modules and the harness's, but not the sprite's code under test (``lightning``)."""
+    if name == "torch.distributed" or name.startswith("torch.distributed."):
+        return True
+    if name == "pytest_sprite" or name.startswith("pytest_sprite."):
+        return not name.startswith("pytest_sprite.lightning")
+    return False
+
+
+def hide_library_frames(config: Any) -> None:
+    """Hide torch.distributed's and the harness's frames from this process's tracebacks, as pytest hides its own.
+
+    Sets ``__tracebackhide__`` in the globals of every such module loaded so far, which pytest honours
+    for each frame running in them: a rank's failure then ends at the test's call of the collective
+    (issue 27), and that line is also where its short summary points. Called in a test child just
+    before a report is made, so modules the test imported are covered; the child ends with the test,
+    so nothing else sees the mark. ``--tb=long`` and ``--full-trace`` keep every frame.
+    """
+    if config.getoption("tbstyle", "auto") == "long" or config.getoption("fulltrace", False):
+        return
+    for name, module in list(sys.modules.items()):
+        if module is not None and _hidden_module(name):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict):
+                namespace.setdefault("__tracebackhide__", True)

@@ -150,10 +150,11 @@ def test_a_timeout_names_the_collective_each_rank_waits_in(pytester: pytest.Pyte
     )
     result = run(pytester)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines_random(
+    result.stdout.fnmatch_lines(
         [
-            "*rank 0 was still running after the 6s timeout (from @pytest.mark.ranks(timeout=...)) (during call), "
-            "waiting in all_reduce (called at test_a_timeout_names_the_collective_each_rank_waits_in.py:9)*",
-            "*rank 1 was still running after the 6s timeout (from @pytest.mark.ranks(timeout=...)) (during call);*",
+            "ranks 0-1 were still running after the 6s timeout (from @pytest.mark.ranks(timeout=...)) (during call)*",
+            "where the 2 ranks were*",
+            "  rank 0: waiting in all_reduce (test_a_timeout_names_the_collective_each_rank_waits_in.py:9)*",
+            "  rank 1: elsewhere, in time.sleep (test_a_timeout_names_the_collective_each_rank_waits_in.py:11)*",
         ]
     )

@@ -20,12 +20,13 @@ import secrets
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
 from .._collected import store_collected
-from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec, ranks_spec_key
+from .._collectives import STACK_WAIT
+from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec
 from .._pytest_internals import teardown_controller_state
 from .._ranges import fold_ranks
 from .._results import keep_reported, progress_line, write_progress
@@ -51,12 +52,14 @@ from .merge import RankEnd, merge_rank_reports
 from .pool import AgentPool
 from .schedule import Scheduler, Utilisation
 
-__all__ = ["Controller", "item_world_size", "world_size_key"]
+__all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
 
 world_size_key = pytest.StashKey[int]()
 """The number of ranks an item runs on (absent: an ordinary test)."""
 beyond_world_key = pytest.StashKey[str]()
 """Set when the item needs more ranks than the world: the skip reason."""
+_ABORT_LIMIT: Final = STACK_WAIT + 20.0
+"""Seconds an agent has to end its child after an abort: the wait for its stacks, then the kill and the leftovers."""
 finished_run_key = pytest.StashKey["_Run"]()
 """Set on a ranks item whose test has finished, just before the loop hands it to ``pytest_runtest_protocol``."""
 
@@ -69,6 +72,19 @@ def item_world_size(item: pytest.Item) -> Size | None:
         return WORLD if size == WORLD else int(size)
     spec = item_ranks_spec(item)
     return spec.sizes[0] if spec is not None else None
+
+
+def item_timeout(item: pytest.Item, settings: Settings) -> tuple[float, str]:
+    """The seconds ``item`` may run and where that came from: its marker's ``timeout=``, else the session's.
+
+    Whatever form the marker has (a size, a list of sizes, ``"world"``): a parametrized item's spec is
+    found through :func:`item_ranks_spec`, not only in its stash, which only an unparametrized item had
+    filled at this point, so ``ranks("world", timeout=8)`` used to run for the session's timeout (issue 27).
+    """
+    spec = item_ranks_spec(item)
+    if spec is not None and spec.timeout is not None:
+        return spec.timeout, "@pytest.mark.ranks(timeout=...)"
+    return settings.timeout, settings.timeout_source
 
 
 def launches_early(settings: Settings, *, collect_only: bool, cores: int) -> bool:
@@ -134,6 +150,11 @@ class _Run:
     failed: list[int] = field(default_factory=list)
     first_failure: float | None = None
     aborted: dict[int, float] = field(default_factory=dict)
+    """Rank -> when the controller asked its agent to take its stacks and end it."""
+    exited: dict[int, float] = field(default_factory=dict)
+    """Rank -> when its ``child_exited`` arrived."""
+    failed_at: dict[int, float] = field(default_factory=dict)
+    """Rank -> when its first failure arrived."""
     interrupted: str | None = None
     test_dir: Path | None = None
     """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
@@ -146,7 +167,22 @@ class _Run:
     def live(self) -> list[int]:
         return [r for r in range(self.n) if r not in self.ends]
 
+    @property
+    def stacks_took(self) -> float | None:
+        """Seconds from the first abort until the last aborted rank's child had dumped its stacks and exited."""
+        done = [self.exited[r] for r in self.aborted if r in self.exited]
+        return max(done) - min(self.aborted.values()) if done else None
+
+    @property
+    def woken(self) -> list[int]:
+        """Ranks whose first failure came after the first abort: the end of a peer may have caused it."""
+        if not self.aborted:
+            return []
+        first = min(self.aborted.values())
+        return [r for r, when in self.failed_at.items() if when >= first]
+
     def note_failure(self, rank: int) -> None:
+        self.failed_at.setdefault(rank, monotonic())
         if rank not in self.failed:
             self.failed.append(rank)
         if self.first_failure is None:
@@ -334,15 +370,9 @@ class Controller:
 
     # -- submitting and starting -----------------------------------------------------------------
 
-    def _timeout_for(self, item: pytest.Item) -> tuple[float, str]:
-        spec = item.stash.get(ranks_spec_key, None)
-        if spec is not None and spec.timeout is not None:
-            return spec.timeout, "@pytest.mark.ranks(timeout=...)"
-        return self.settings.timeout, self.settings.timeout_source
-
     def submit(self, item: pytest.Item, nextitem: pytest.Item | None, n: int) -> _Run:
         """Queue ``item`` behind every test submitted before it and start what can start."""
-        timeout, source = self._timeout_for(item)
+        timeout, source = item_timeout(item, self.settings)
         self._run_ids += 1
         run = _Run(
             run_id=self._run_ids, item=item, nextitem=nextitem, n=n, timeout=timeout, timeout_source=source
@@ -627,6 +657,7 @@ class Controller:
             stacks=payload["stacks"],
         )
         run.ends[rank] = end
+        run.exited[rank] = monotonic()
         if payload.get("leftovers"):
             key = (LeftoverProcessWarning.__name__, payload["leftovers"], str(run.item.path), 0)
             run.warnings.setdefault(key, []).append(rank)
@@ -664,8 +695,8 @@ class Controller:
                 f"{self.settings.grace:g}s after {fold_ranks(run.failed)} failed (--rank-grace)",
             )
         for rank, when in list(run.aborted.items()):
-            if rank in run.live and now - when > 20.0:
-                pool.broken = f"rank agent {run.agents[rank]} did not end its child within 20s of an abort"
+            if rank in run.live and now - when > _ABORT_LIMIT:
+                pool.broken = f"rank agent {run.agents[rank]} did not end its child within {_ABORT_LIMIT:g}s of an abort"
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
 
     def _abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
@@ -722,6 +753,8 @@ class Controller:
             world_size=run.n,
             failure_order=run.failed,
             hosts=run.hosts,
+            stacks_took=run.stacks_took,
+            woken=run.woken,
         )
 
     def shutdown(self) -> None:

@@ -7,8 +7,7 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +18,17 @@ from .._pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
 from .._ranges import fold_ranks
 from .._results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
 from ..protocol import EndedBy
+from .rollcall import (
+    TRANSPORT_ERROR,
+    Place,
+    cause_sentence,
+    failure_text,
+    is_transport_failure,
+    odd_ones,
+    rank_places,
+    roll_call,
+    stacks_sections,
+)
 
 __all__ = [
     "PHASES",
@@ -182,16 +192,23 @@ def merge_rank_reports(
     world_size: int,
     failure_order: Sequence[int] = (),
     hosts: dict[int, str] | None = None,
+    stacks_took: float | None = None,
+    woken: Collection[int] = (),
 ) -> list[TestReport]:
     """One report per phase that any rank reached, merged over ranks.
 
     ``per_rank[r]`` are the reports rank r sent, in order; ``ends[r]`` how its child ended.
     ``failure_order`` lists ranks in the order they failed: the first failure is shown first,
-    since it is usually the cause and the others its consequence. The last merged report carries
-    every rank's outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host.
+    since it is usually the cause and the others its consequence. A rank that left the test while
+    its peers waited in a collective is shown first as the cause, their transport errors as its
+    consequences; ranks the harness ended are shown as one roll call (issue 27), which says how long
+    taking their stacks took (``stacks_took``, seconds). The last merged report carries every rank's
+    outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host.
     """
     outcomes = rank_outcomes(per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {})
     by_phase: dict[str, dict[int, TestReport]] = {p: {} for p in PHASES}
+    synthesized: dict[int, str] = {}
+    """Rank -> the phase it was in when it ended without finishing, where it got a synthesized report."""
     for rank in range(world_size):
         reports = list(per_rank.get(rank, []))
         for rep in reports:
@@ -199,6 +216,7 @@ def merge_rank_reports(
         end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
         if not (reports and reports[-1].when == "teardown"):
             running = phase_in_progress(reports)
+            synthesized[rank] = running
             by_phase[running][rank] = _synthesize(
                 reports[0] if reports else None,
                 nodeid,
@@ -207,7 +225,9 @@ def merge_rank_reports(
                 running,
                 describe_end(end, running),
             )
-    _blame_lost_peers(by_phase, ends, nodeid, location, keywords)
+    places = rank_places(per_rank=per_rank, ends=ends, world_size=world_size, woken=woken)
+    causes = _blame_lost_peers(by_phase, places, nodeid, location, keywords)
+    _roll_call(by_phase, ends, places, synthesized, woken, stacks_took, nodeid, location, keywords)
     setup = by_phase["setup"]
     if any(not rep.passed for rep in setup.values()):
         # pytest runs the call only after a passed setup: when any rank's setup did not pass, the
@@ -221,7 +241,15 @@ def merge_rank_reports(
         if by_phase[phase]:
             merged.append(
                 _merge_phase(
-                    phase, by_phase[phase], nodeid, location, keywords, world_size, failure_order, ends
+                    phase,
+                    by_phase[phase],
+                    nodeid,
+                    location,
+                    keywords,
+                    world_size,
+                    failure_order,
+                    ends,
+                    causes,
                 )
             )
     if merged:
@@ -229,64 +257,145 @@ def merge_rank_reports(
     return merged
 
 
-_TRANSPORT_ERROR = re.compile(
-    r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe|ECONNRESET|EPIPE|"
-    r"Socket Timeout|Connection refused|gloo.*(?:connectFullMesh|read|write|recv|send)",
-    re.IGNORECASE,
-)
-"""What a rank's error says when its transport broke under it (gloo, the TCPStore), not its own fault."""
-
-
-def _crashed(end: RankEnd | None) -> bool:
-    """The rank's child died by itself (a signal, an early exit), not ended by the harness."""
-    return end is not None and end.ended_by is None and not end.clean
-
-
 def _blame_lost_peers(
     by_phase: dict[str, dict[int, TestReport]],
+    places: dict[int, Place],
+    nodeid: str,
+    location: Any,
+    keywords: Any,
+) -> list[int]:
+    """Name the rank that left the test while its peers waited in a collective; return the causes.
+
+    A rank whose error is a broken transport (``Connection closed by peer`` in a collective, a store
+    that reset) after a peer crashed (issue 20), exited, or returned from the test without the
+    collective the others were in (issue 27) lost its peer: its report says which rank, and keeps its
+    own error as one line of evidence. The ranks that lost the same peer in one phase share one text,
+    so they fold (``ranks 0, 2-3 lost their peer: ...``). A cause whose own test passed gets a failed
+    report that says what it did, so the summary names it, not a peer that did the right thing.
+    """
+    found = cause_sentence(places)
+    if found is None:
+        return []
+    causes, sentence = found
+    for phase, reps in by_phase.items():
+        lost = sorted(r for r, rep in reps.items() if r not in causes and is_transport_failure(rep))
+        if not lost:
+            continue
+        evidence = next(
+            line for line in failure_text(reps[lost[0]].longrepr).splitlines() if TRANSPORT_ERROR.search(line)
+        )
+        one = len(lost) == 1
+        text = (
+            f"{fold_ranks(lost)} lost {'its' if one else 'their'} peer: {sentence}; "
+            f"{'its own error' if one else 'their own errors'} during {phase} "
+            f"{'is a consequence' if one else 'are consequences'}:\n"
+            f"    {'' if one else f'(rank {lost[0]}) '}{evidence.strip()[:300]}"
+        )
+        for rank in lost:
+            reps[rank] = _synthesize(reps[rank], nodeid, location, keywords, phase, text)
+    for rank in causes:
+        call = by_phase["call"].get(rank)
+        if call is not None and call.passed:
+            text = f"{sentence}: {fold_ranks([rank])} left a collective its peers were in"
+            by_phase["call"][rank] = _synthesize(call, nodeid, location, keywords, "call", text)
+    return causes
+
+
+def _roll_call(
+    by_phase: dict[str, dict[int, TestReport]],
     ends: dict[int, RankEnd],
+    places: dict[int, Place],
+    synthesized: dict[int, str],
+    woken: Collection[int],
+    stacks_took: float | None,
     nodeid: str,
     location: Any,
     keywords: Any,
 ) -> None:
-    """A rank whose error is a broken transport after a peer crashed lost its peer: say so, not its error.
+    """Ranks the harness ended (a timeout, or a peer that failed) share one report per phase: the roll call.
 
-    Its own exception (``Connection closed by peer`` in a collective, a store that reset) is a
-    consequence of the crash, which is reported on the crashed rank; the rank's report names that
-    crash as the cause and keeps its own error as one line of evidence (issue 20).
+    Its first line says why they were ended and names the cause or the odd ones; then where every
+    rank of the test was, one line per place; then one stack per distinct stack, the ranks whose
+    stack could not be taken and why, and their last output, folded. Only the first phase with
+    ended ranks carries the roll call; a later one points to it.
     """
-    crashed = sorted(r for r, end in ends.items() if _crashed(end))
-    if not crashed:
+    ended = sorted(r for r, end in ends.items() if end.ended_by in ("timeout", "peer_failed"))
+    if not ended:
         return
-    cause = ", ".join(f"rank {r} {_crash_words(ends[r])}" for r in crashed[:3]) + (
-        f" and {len(crashed) - 3} more" if len(crashed) > 3 else ""
-    )
-    for phase, reps in by_phase.items():
-        for rank, rep in list(reps.items()):
-            if rank in crashed or not rep.failed:
+    reasons = {r: ends[r].ended_by for r in ended}
+    for rank in woken:
+        if rank not in reasons and places[rank].waiting is not None:
+            reasons[rank] = ends[ended[0]].ended_by
+            synthesized[rank] = ""  # no report of its own was made up: set to the phase of its error below
+    for rank in sorted(reasons):
+        # Its stack was taken as it waited; the peer ended before it then broke its collective, and its
+        # transport error is the harness's doing, not the test's: it joins the roll call in that phase.
+        phase = next(
+            (p for p in PHASES if rank in by_phase[p] and is_transport_failure(by_phase[p][rank])), None
+        )
+        if phase is not None and rank in synthesized and places[rank].no_stack is None:
+            if synthesized[rank] != phase and rank in by_phase.get(synthesized[rank], {}):
+                del by_phase[synthesized[rank]][rank]
+            synthesized[rank] = phase
+    cause = cause_sentence(places)
+    headline = cause[1] if cause is not None else odd_ones(places)
+    shown_in: str | None = None
+    for phase in PHASES:
+        for reason in ("timeout", "peer_failed"):
+            here = [r for r in sorted(reasons) if synthesized.get(r) == phase and reasons[r] == reason]
+            if not here:
                 continue
-            message = _failure_text(rep.longrepr)
-            if not _TRANSPORT_ERROR.search(message):
-                continue
-            first = next((line for line in message.splitlines() if _TRANSPORT_ERROR.search(line)), "")
-            text = (
-                f"rank {rank} lost its peer: {cause}; its own error during {phase} is a consequence:\n"
-                f"    {first.strip()[:300]}"
-            )
-            reps[rank] = _synthesize(rep, nodeid, location, keywords, phase, text)
+            was = "was" if len(here) == 1 else "were"
+            detail = ends[ended[0]].detail
+            if reason == "timeout":
+                head = f"{fold_ranks(here)} {was} still running {detail} (during {phase})"
+            else:
+                head = f"{fold_ranks(here)} {was} ended during {phase} {detail}"
+            lines = [f"{head}: {headline}" if headline else head]
+            if shown_in is None:
+                shown_in = phase
+                lines += _roll_call_body(ends, places, ended, stacks_took)
+            else:
+                lines.append(f"(where each rank was: see the roll call of the {shown_in} failure)")
+            text = "\n".join(lines)
+            for rank in here:
+                by_phase[phase][rank] = _synthesize(
+                    by_phase[phase][rank], nodeid, location, keywords, phase, text
+                )
+
+
+def _roll_call_body(
+    ends: dict[int, RankEnd], places: dict[int, Place], ended: list[int], stacks_took: float | None
+) -> list[str]:
+    lines = roll_call(places)
+    taken = [r for r in ended if ends[r].stacks.strip() and places[r].no_stack is None]
+    if stacks_took is not None:
+        lines[0] = (
+            f"{lines[0][:-1]} (stacks of {len(taken)} of the {len(ended)} ranks ended, "
+            f"taken within {stacks_took:.1f}s):"
+        )
+    lines += stacks_sections(ends, ended, places)
+    tails: dict[str, list[int]] = {}
+    for rank in ended:
+        if ends[rank].output_tail.strip():
+            tails.setdefault(ends[rank].output_tail.rstrip(), []).append(rank)
+    for i, (tail, ranks) in enumerate(sorted(tails.items(), key=lambda kv: kv[1][0])):
+        if i == _TAILS_SHOWN:
+            rest = [r for rs in list(tails.values())[_TAILS_SHOWN:] for r in rs]
+            lines.append(f"(the last output of {fold_ranks(rest)} is not shown: it differs from these)")
+            break
+        lines.append(f"--- last output of {fold_ranks(ranks)} ---\n{tail}")
+    return lines
+
+
+_TAILS_SHOWN = 4
+"""Distinct output tails shown under a roll call; identical ones fold."""
 
 
 def _crash_words(end: RankEnd) -> str:
     if end.signal is not None:
         return f"crashed with signal {end.signal} ({_signal_name(end.signal)})"
     return f"exited with code {end.exitcode}"
-
-
-def _failure_text(longrepr: Any) -> str:
-    crash = getattr(longrepr, "reprcrash", None)
-    if crash is not None:
-        return f"{crash.message}\n{longrepr}"
-    return str(longrepr)
 
 
 _ENDED_BY_OUTCOME = {
@@ -351,6 +460,7 @@ def _merge_phase(
     world_size: int,
     failure_order: Sequence[int],
     ends: dict[int, RankEnd],
+    causes: Sequence[int] = (),
 ) -> TestReport:
     ranks = sorted(reps)
     base = reps[ranks[0]]
@@ -366,7 +476,9 @@ def _merge_phase(
     duration = max(rep.duration for rep in reps.values())
     if failed:
         position = {r: i for i, r in enumerate(failure_order)}
-        failed.sort(key=lambda r: (_cause_rank(ends.get(r)), position.get(r, len(position)), r))
+        failed.sort(
+            key=lambda r: (-1 if r in causes else _cause_rank(ends.get(r)), position.get(r, len(position)), r)
+        )
         groups: dict[Any, tuple[list[int], Any]] = {}
         for r in failed:
             key = _failure_key(reps[r].longrepr)

@@ -18,14 +18,16 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._output import strip_harness_frames, tail_of_file
+import pytest
+
+from .._collectives import no_stack_text
+from .._output import hide_library_frames, strip_harness_frames, tail_of_file
 from .._timing import monotonic, sleep
 from ..protocol import (
     CHILD_DONE,
     HEADER_SIZE,
-    STACK_SIGNAL,
     AgentReady,
     EndedBy,
     FrameReader,
@@ -38,9 +40,7 @@ from ..protocol import (
 )
 from .child import run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
-
-if TYPE_CHECKING:
-    import pytest
+from .stacks import keep_stack_dumps, take_stacks
 
 __all__ = ["Agent", "connect_to_controller"]
 
@@ -58,6 +58,8 @@ class _Child:
     ended_by: EndedBy | None = None
     detail: str = ""
     status: int | None = None
+    no_stack: str = ""
+    """Why no stack could be taken at an abort (empty: taken, or not asked for)."""
 
 
 @dataclass
@@ -68,6 +70,25 @@ class _Spare:
     control: socket.socket
     rfd: int
     run_dir: Path
+
+
+class _ChildTracebacks:
+    """Hooks that run in the test children this agent forks (registered here, inherited by each fork)."""
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        hide_library_frames(item.config)
+        return (yield)
+
+
+def prepare_children(config: pytest.Config) -> None:
+    """What every test child inherits from its agent: stacks it can always dump, tracebacks without our frames.
+
+    The agent runs no test itself, so neither touches it (issue 27).
+    """
+    keep_stack_dumps()
+    if not config.pluginmanager.has_plugin("sprite-child-tracebacks"):
+        config.pluginmanager.register(_ChildTracebacks(), "sprite-child-tracebacks")
 
 
 def connect_to_controller(host: str, port: int, timeout: float = 60.0) -> socket.socket:
@@ -129,6 +150,7 @@ class Agent:
 
     def serve(self) -> None:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
+        prepare_children(self.config)
         try:
             self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():
@@ -286,20 +308,7 @@ class Agent:
         if child is None or child.run_id != abort["run_id"] or child.ended_by is not None:
             return
         child.ended_by, child.detail = abort["reason"], abort["detail"]
-        stacks = child.run_dir / "stacks.txt"
-        try:
-            os.kill(child.pid, STACK_SIGNAL)
-        except ProcessLookupError:
-            return
-        # faulthandler writes from its C signal handler; wait until the file stops growing.
-        last, stable_since, deadline = -1, monotonic(), monotonic() + 3.0
-        while monotonic() < deadline:
-            size = stacks.stat().st_size if stacks.exists() else 0
-            if size != last:
-                last, stable_since = size, monotonic()
-            elif size > 0 and monotonic() - stable_since > 0.2:
-                break
-            sleep(0.05)
+        child.no_stack = take_stacks(child.pid, child.run_dir / "stacks.txt")
         self._kill_child(wait=False)
 
     def cmd_shutdown(self, _: dict[str, Any]) -> bool:
@@ -395,6 +404,8 @@ class Agent:
                 tails.append(f"[{label}]\n{text}")
         stacks_file = child.run_dir / "stacks.txt"
         stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
+        if child.ended_by is not None and not stacks.strip():
+            stacks = no_stack_text(child.no_stack or "the dump was empty")
         # A child that crashed or was ended could not end what it started; its session still holds it.
         ended = end_session_leftovers(child.pid)
         self._child_ended(

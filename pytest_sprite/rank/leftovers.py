@@ -37,6 +37,8 @@ DEFAULT_GRACE: Final = 2.0
 """Seconds a leftover process gets to exit after SIGTERM before it is killed."""
 
 _PROC: Final = Path("/proc")
+_PF_EXITING: Final = 0x4
+"""The kernel's flag (``/proc/PID/stat`` field 9) of a process inside exit()."""
 _COMMAND_CHARS: Final = 200
 _CMDLINE_TRIES: Final = 5
 
@@ -81,6 +83,28 @@ def _read_stat(pid: int) -> tuple[str, int, int, str] | None:
     return fields[0], int(fields[1]), int(fields[3]), data[open_paren + 1 : close_paren]
 
 
+def _dying(pid: int) -> bool:
+    """``pid`` is already ending: inside exit(), or killed (SIGKILL pending) and not yet there.
+
+    Such a process did not outlive the test: it dies with it. The sub-world zygote is one, killed when
+    its test child ends (PR_SET_PDEATHSIG); caught here while it exited, with its command line already
+    gone, it was named ``[python]``, a leftover of a test that started no process (issue 27).
+    """
+    try:
+        data = (_PROC / str(pid) / "stat").read_bytes().decode("utf-8", "replace")
+        fields = data[data.rfind(")") + 2 :].split()
+        if len(fields) > 6 and int(fields[6]) & _PF_EXITING:
+            return True
+        for line in (_PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (
+                1 << (signal.SIGKILL - 1)
+            ):
+                return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
+
+
 def _session_of(pid: int) -> int | None:
     """The session id of ``pid``, None if it is gone (Linux answers for any process)."""
     try:
@@ -120,6 +144,8 @@ def _proc_session_processes(sid: int, exclude: Collection[int]) -> dict[int, str
             continue
         stat = _read_stat(pid)
         if stat is None or stat[2] != sid or stat[0] in ("Z", "X"):  # zombies have already exited
+            continue
+        if _dying(pid):
             continue
         found[pid] = _command(pid, stat[3])
     return found
