@@ -33,9 +33,9 @@ pytestmark = pytest.mark.cpu
 def _warm() -> None:
     """Import torch and safetensors here once, as the matrix does, so that no forked run imports them cold."""
     pytest.importorskip("safetensors.torch")
-    from pytest_sprite.chaos.targets import prewarm_torch
+    from pytest_sprite._process import prewarm_training
 
-    prewarm_torch()
+    prewarm_training()
 
 
 def _file_work(root: Path) -> dict[str, Any]:

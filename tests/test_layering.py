@@ -88,6 +88,7 @@ def _p(name: str) -> str:
                 "world",
                 "subworld",
                 "_device",
+                "_process",
                 "_settings",
                 "_timing",
                 "_results",

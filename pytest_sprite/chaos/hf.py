@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_sprite._process import prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
 from pytest_sprite.chaos.runner import RunOutcome, run_forked
-from pytest_sprite.chaos.targets import prewarm_torch
 
 __all__ = ["HF_ENV", "HFTrainerTarget", "train_tiny_gpt2"]
 
@@ -111,7 +111,7 @@ class HFTrainerTarget:
 
     def prewarm(self) -> None:
         """Import transformers' Trainer and build the model once here, so forks start warm."""
-        prewarm_torch()
+        prewarm_training()
         import transformers.trainer  # noqa: F401
 
         _tiny_gpt2()

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_sprite._process import prewarm_fit, prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
 from pytest_sprite.chaos.runner import RunOutcome, rank_envs, run_forked
-from pytest_sprite.chaos.targets import prewarm_torch
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_in_subworld", "train_lora_qwen"]
@@ -239,13 +239,12 @@ class LoraQwenTarget:
 
     def prewarm(self) -> None:
         """Import Lightning, PEFT and transformers' Qwen2 here once, so forks start warm."""
-        prewarm_torch()
+        prewarm_training()
         import lightning.pytorch  # noqa: F401
 
-        from pytest_sprite.lightning.warm import import_late_modules
         from pytest_sprite.recipes import _shard  # noqa: F401 (the fit's FSDP2 units)
 
-        import_late_modules()
+        prewarm_fit()
 
         if self.source is not None:
             return

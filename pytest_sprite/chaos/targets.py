@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_sprite._process import prewarm_training
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
 from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, output_tail, rank_envs, run_forked
 from pytest_sprite.errors import SpriteUsageError
@@ -27,7 +28,6 @@ __all__ = [
     "SubworldTarget",
     "Target",
     "load_weights",
-    "prewarm_torch",
     "weight_diff",
     "write_sitecustomize",
 ]
@@ -90,7 +90,7 @@ class FunctionTarget:
 
     def prewarm(self) -> None:
         """Load torch's lazily imported parts once here, so that no fork pays for them again."""
-        prewarm_torch()
+        prewarm_training()
 
     def run(
         self,
@@ -241,30 +241,6 @@ def write_sitecustomize(inject_dir: Path) -> Path:
     return path
 
 
-def prewarm_torch() -> None:
-    """Import what torch loads on first use of an optimizer, ``torch.save`` and ``torch.load`` (seconds, cold).
-
-    Runs in the test process before the first fork when torch is already imported there, so every forked run
-    starts warm: measured here, the first ``torch.optim.SGD(...)`` of a process takes several seconds (it imports
-    ``torch._dynamo``) and a fork that inherits it trains the planted protocol in 0.09 s.
-    """
-    import io
-    import sys
-
-    if "torch" not in sys.modules:
-        return
-    import torch
-
-    p = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
-    p.grad = torch.ones(1)
-    opt.step()
-    buf = io.BytesIO()
-    torch.save({"p": p.detach(), "opt": opt.state_dict()}, buf)
-    buf.seek(0)
-    torch.load(buf, weights_only=True)
-
-
 def load_weights(path: Path) -> dict[str, Any]:
     """A result file's weights: ``.safetensors``, a ``torch.save`` of a state dict (or module), or ``.json``.
 
@@ -357,7 +333,7 @@ def _prepare_subworld_rank(
     fn: Callable[..., Any], args: tuple[Any, ...], plans: Sequence[Plan | None]
 ) -> None:
     """Warm the zygote the sub-world forks from: torch's lazy parts, and what ``fn.subworld_prepare`` loads."""
-    prewarm_torch()
+    prewarm_training()
     prepare = getattr(fn, "subworld_prepare", None)
     if callable(prepare):
         prepare(*args)

@@ -502,9 +502,9 @@ def _vocab(net: torch.nn.Module) -> int:
 def _prepare(spec: RoleSpec, emit: Any = None) -> None:
     """Build the model and import what a fit imports late, once, in the process the role's ranks are
     forked from (CPU only)."""
-    from pytest_sprite.lightning.warm import import_late_modules
+    from pytest_sprite._process import prewarm_fit
 
-    import_late_modules()
+    prewarm_fit()
     _fresh_model(spec.recipe)
 
 
