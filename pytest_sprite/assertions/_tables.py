@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["format_count", "format_figure", "format_limit", "render_table"]
+__all__ = ["figure_cell", "format_count", "format_figure", "format_limit", "render_table"]
 
 
 def format_figure(value: float) -> str:
@@ -29,6 +29,15 @@ def format_figure(value: float) -> str:
         mantissa, exponent = f"{value:.2e}".split("e")
         return f"{mantissa}e{int(exponent)}"
     return f"{value:.3g}"
+
+
+def figure_cell(value: float | str | None) -> str:
+    """A figure as a table cell: ``-`` for none, a string (a JSON payload's ``'inf'``) as it is."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format_figure(value)
 
 
 def format_limit(value: float) -> str:
