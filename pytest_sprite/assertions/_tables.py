@@ -2,15 +2,28 @@
 
 The seed's measured tables are the model: one header row, one row per arm, figures with three
 significant digits, small figures in short scientific notation (``2.40e-6``) and exact zeros as ``0``.
-Pure functions: no torch, no pytest.
+Each assertion defines its terminal table here as a :class:`Kind` (its title, the seed's column headers
+and a function from one ``to_dict()`` payload to its rows), and ``pytest_sprite.report.kinds`` registers
+that definition. Pure: no torch, no pytest.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["figure_cell", "format_count", "format_figure", "format_limit", "render_table"]
+__all__ = [
+    "Kind",
+    "Row",
+    "figure_cell",
+    "format_count",
+    "format_figure",
+    "format_limit",
+    "pass_or_fail_verdict",
+    "render_table",
+]
 
 
 def format_figure(value: float) -> str:
@@ -70,3 +83,48 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    """One row of a kind's table: the cells under the kind's headers, and the row's verdict."""
+
+    cells: tuple[str, ...]
+    verdict: str
+    """A word from the kind's ``verdicts``, e.g. ``pass`` or ``FAIL``."""
+    figures: Mapping[str, float | int | str | None]
+    """Key figures of the row for JUnit properties (name -> value)."""
+    label: str
+    """What the row is about (an arm, a crash point), used in property names."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kind:
+    """How the reports show one assertion kind."""
+
+    kind: str
+    """The ``kind`` of the payloads (``parity``, ``criterion_v2``, ``resume``, ``crash_consistency``)."""
+    title: str
+    """Heading of the kind's terminal table."""
+    headers: tuple[str, ...]
+    """Column headers after ``Test`` (the ``Verdict`` column is added by the table)."""
+    rows: Callable[[Mapping[str, Any]], list[Row]]
+    """One payload -> its rows."""
+    bad_verdicts: frozenset[str]
+    """Verdicts that are failures: shown first, and a stored one that re-judges into it fails ``judge``."""
+    verdict_order: tuple[str, ...] = ()
+    """Order of the counts line (verdicts not listed follow in order of appearance)."""
+    unlisted: str = "(not listed)"
+    """What a row missing from a payload's rows stands for (a crash matrix lists only the points that did
+    not PASS), for ``judge``'s account of verdicts that changed."""
+
+
+def pass_or_fail_verdict(item: Mapping[str, Any]) -> str:
+    """``pass`` / ``FAIL`` for a clean item; ``rejected`` / ``NOT REJECTED`` for an item carrying a fault.
+
+    A planted fault is meant to fail the check (``expect_fault_rejected``); a faulted item that passes is
+    the failure.
+    """
+    if item.get("fault"):
+        return "NOT REJECTED" if item["passed"] else "rejected"
+    return "pass" if item["passed"] else "FAIL"

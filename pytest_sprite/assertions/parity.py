@@ -11,18 +11,39 @@ reference, a "distributed" arm on one device, different recipes) are refused wit
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from pytest_sprite._ranges import fold_ranks
 from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
-from pytest_sprite.assertions._tables import format_count, format_figure, format_limit, render_table
+from pytest_sprite.assertions._tables import (
+    Kind,
+    Row,
+    figure_cell,
+    format_count,
+    format_figure,
+    format_limit,
+    pass_or_fail_verdict,
+    render_table,
+)
+from pytest_sprite.assertions.numeric import bit_equal, finite_or_repr, rel, rel_l2
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records import DISTRIBUTED_ARMS, ArmRecord
+from pytest_sprite.records import DISTRIBUTED_ARMS, FP32_PRECISION, ArmRecord
 
-__all__ = ["PARITY_CHECKS", "ArmParity", "ParityError", "ParityRefused", "ParityResult", "assert_parity"]
+__all__ = [
+    "PARITY_CHECKS",
+    "PARITY_HEADERS",
+    "PARITY_KIND",
+    "ArmParity",
+    "ParityError",
+    "ParityRefused",
+    "ParityResult",
+    "assert_parity",
+    "parity_rows",
+    "parity_verdict",
+]
 
 PARITY_CHECKS: tuple[str, ...] = (
     "initial",
@@ -35,18 +56,23 @@ PARITY_CHECKS: tuple[str, ...] = (
 )
 """Check names an arm can fail, in the order they are evaluated (``by=`` of ``expect_fault_rejected``)."""
 
-FP32_PRECISION = "32-true"
-
-_HEADERS = (
+PARITY_HEADERS: tuple[str, ...] = (
     "Arm",
     "Ranks",
     "Global batch",
-    "Result",
+    "rtol",
     "Pre-clip norm rel",
     "Post-clip norm rel",
     "Update rel L2",
     "Frozen changed",
 )
+"""The parity table's columns, as the terminal shows them (rows of many tests, so each names its rtol).
+
+The assertion's own table is the seed's FP32 layout: the same columns with the arm's ``Result`` in place of
+the rtol, which its heading gives once.
+"""
+_RTOL_AT = PARITY_HEADERS.index("rtol")
+SEED_HEADERS: tuple[str, ...] = (*PARITY_HEADERS[:_RTOL_AT], "Result", *PARITY_HEADERS[_RTOL_AT + 1 :])
 
 
 class ParityRefused(SpriteUsageError):
@@ -99,16 +125,7 @@ class ArmParity:
 
     def row(self) -> list[str]:
         """This arm's cells in the seed's table layout."""
-        return [
-            self.label,
-            str(self.ranks),
-            str(self.global_batch),
-            "pass" if self.passed else "FAIL",
-            format_figure(self.pre_norm_rel),
-            format_figure(self.post_norm_rel),
-            format_figure(self.update_rel_l2),
-            format_count(self.frozen_changed, self.frozen_total),
-        ]
+        return list(parity_cells(self.to_dict(), "pass" if self.passed else "FAIL"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures (non-finite numbers as strings)."""
@@ -121,14 +138,14 @@ class ArmParity:
             "fault": self.fault,
             "strategy": self.strategy,
             "passed": self.passed,
-            "pre_norm_rel": _json(self.pre_norm_rel),
-            "post_norm_rel": _json(self.post_norm_rel),
-            "update_rel_l2": _json(self.update_rel_l2),
+            "pre_norm_rel": finite_or_repr(self.pre_norm_rel),
+            "post_norm_rel": finite_or_repr(self.post_norm_rel),
+            "update_rel_l2": finite_or_repr(self.update_rel_l2),
             "frozen_changed": self.frozen_changed,
             "frozen_total": self.frozen_total,
             "failed": [f.to_dict() for f in self.failed],
-            "pre_norm_rel_steps": [_json(x) for x in self.pre_norm_rel_steps],
-            "post_norm_rel_steps": [_json(x) for x in self.post_norm_rel_steps],
+            "pre_norm_rel_steps": [finite_or_repr(x) for x in self.pre_norm_rel_steps],
+            "post_norm_rel_steps": [finite_or_repr(x) for x in self.post_norm_rel_steps],
         }
 
 
@@ -155,7 +172,7 @@ class ParityResult:
 
     def table(self) -> str:
         """The seed's FP32 table: arm, ranks, global batch, result and the four figures."""
-        return render_table(_HEADERS, [a.row() for a in self.arms])
+        return render_table(SEED_HEADERS, [a.row() for a in self.arms])
 
     def report(self) -> str:
         """Heading, table and one line per failed check: the text of the AssertionError."""
@@ -180,6 +197,56 @@ class ParityResult:
             "passed": self.passed,
             "arms": [a.to_dict() for a in self.arms],
         }
+
+
+def parity_cells(arm: Mapping[str, Any], rtol_cell: str) -> tuple[str, ...]:
+    """One arm's payload as the cells under :data:`PARITY_HEADERS` (``rtol_cell`` under ``rtol``)."""
+    return (
+        arm["label"],
+        str(arm["ranks"]),
+        str(arm["global_batch"]),
+        rtol_cell,
+        figure_cell(arm["pre_norm_rel"]),
+        figure_cell(arm["post_norm_rel"]),
+        figure_cell(arm["update_rel_l2"]),
+        format_count(arm["frozen_changed"], arm["frozen_total"]),
+    )
+
+
+def parity_verdict(arm: Mapping[str, Any]) -> str:
+    """``pass`` / ``FAIL`` for a clean arm; ``rejected`` / ``NOT REJECTED`` for an arm carrying a fault."""
+    return pass_or_fail_verdict(arm)
+
+
+def parity_rows(payload: Mapping[str, Any]) -> list[Row]:
+    """One row per arm, in the seed's FP32 layout, with the tolerance the arm was held to."""
+    rtol = format_limit(float(payload["rtol"]))
+    return [
+        Row(
+            cells=parity_cells(arm, rtol),
+            verdict=parity_verdict(arm),
+            figures={
+                "pre_norm_rel": arm["pre_norm_rel"],
+                "post_norm_rel": arm["post_norm_rel"],
+                "update_rel_l2": arm["update_rel_l2"],
+                "frozen_changed": arm["frozen_changed"],
+                "rtol": payload["rtol"],
+            },
+            label=arm["label"],
+        )
+        for arm in payload["arms"]
+    ]
+
+
+PARITY_KIND = Kind(
+    kind="parity",
+    title="FP32 parity against the single-device reference",
+    headers=PARITY_HEADERS,
+    rows=parity_rows,
+    bad_verdicts=frozenset({"FAIL", "NOT REJECTED"}),
+    verdict_order=("pass", "FAIL", "rejected", "NOT REJECTED"),
+)
+"""How the reports show a parity payload (``pytest_sprite.report.kinds`` registers it)."""
 
 
 def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> ParityResult:
@@ -291,7 +358,7 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
         failed.append(FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail))
 
     initial_bad = [
-        n for n in ref.trainable_names if not _bit_equal(arm.initial_trainable[n], ref.initial_trainable[n])
+        n for n in ref.trainable_names if not bit_equal(arm.initial_trainable[n], ref.initial_trainable[n])
     ]
     initial_bad += [n for n in ref.frozen_names if arm.frozen_initial.get(n) != ref.frozen_initial.get(n)]
     if initial_bad:
@@ -363,18 +430,9 @@ def _norm_rel_steps(
 ) -> tuple[float, ...]:
     """Per step, the largest relative error over ranks (nan counts as infinite)."""
     return tuple(
-        max((math.inf if math.isnan(v) else _rel(v, ref_step[0]) for v in arm_step), default=0.0)
+        max((rel(v, ref_step[0]) for v in arm_step), default=0.0)
         for ref_step, arm_step in zip(ref, arm, strict=True)
     )
-
-
-def _rel(value: float, reference: float) -> float:
-    if value == reference:
-        return 0.0
-    if reference == 0 or not math.isfinite(reference):
-        return math.inf
-    rel = abs(value - reference) / abs(reference)
-    return rel if math.isfinite(rel) else math.inf
 
 
 def _norm_rel(
@@ -384,11 +442,9 @@ def _norm_rel(
     worst = (-1.0, 0, 0, math.nan, math.nan)
     for step, (ref_step, arm_step) in enumerate(zip(ref, arm, strict=True)):
         for rank, value in enumerate(arm_step):
-            rel = _rel(value, ref_step[0])
-            if math.isnan(value):
-                rel = math.inf
-            if rel > worst[0]:
-                worst = (rel, step, rank, value, ref_step[0])
+            value_rel = rel(value, ref_step[0])
+            if value_rel > worst[0]:
+                worst = (value_rel, step, rank, value, ref_step[0])
     return worst if worst[0] >= 0 else (0.0, 0, 0, math.nan, math.nan)
 
 
@@ -401,23 +457,7 @@ def _norm_detail(worst: tuple[float, int, int, float, float], rtol: float) -> st
 
 
 def _update_rel(ref: ArmRecord, arm: ArmRecord) -> float:
-    ref_update = ref.update_vector()
-    arm_update = arm.update_vector()
-    if arm_update.shape != ref_update.shape:
-        return math.inf
-    diff = float((arm_update - ref_update).norm())
-    base = float(ref_update.norm())
-    if diff == 0:
-        return 0.0
-    if base == 0 or not math.isfinite(diff):
-        return math.inf
-    return diff / base
-
-
-def _bit_equal(a: Any, b: Any) -> bool:
-    import torch
-
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    return rel_l2(arm.update_vector(), ref.update_vector())
 
 
 def _rows_problem(reference: tuple[int, ...], per_rank: tuple[tuple[int, ...], ...]) -> str | None:
@@ -454,7 +494,3 @@ def _rank_groups(digests: tuple[str, ...]) -> list[list[int]]:
     for rank, digest in enumerate(digests):
         groups.setdefault(digest, []).append(rank)
     return list(groups.values())
-
-
-def _json(x: float) -> float | str:
-    return x if math.isfinite(x) else repr(x)

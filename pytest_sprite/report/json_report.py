@@ -10,13 +10,13 @@ replaced unless ``--sprite-report-overwrite`` says so.
 from __future__ import annotations
 
 import json
-import math
 import platform
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
+from pytest_sprite.assertions.numeric import json_safe
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.report.store import TestEntry
 
@@ -118,7 +118,7 @@ def write_document(document: dict[str, Any], path: str, *, overwrite: bool) -> P
     """Write the document; a file created meanwhile is still refused unless ``overwrite``."""
     target = check_target(path, overwrite=overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_finite(document), indent=1, allow_nan=False) + "\n"
+    text = json.dumps(json_safe(document), indent=1, allow_nan=False) + "\n"
     try:
         with open(target, "w" if overwrite else "x", encoding="utf-8") as fh:
             fh.write(text)
@@ -127,14 +127,3 @@ def write_document(document: dict[str, Any], path: str, *, overwrite: bool) -> P
             f"--sprite-report={path}: the file appeared during the session and a report is never overwritten"
         ) from None
     return target
-
-
-def _finite(value: Any) -> Any:
-    """Non-finite floats as strings (``'inf'``, ``'nan'``), as the assertions' own payloads write them."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
