@@ -312,36 +312,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
             f"the reference must be clean, it carries fault {ref.fault!r}; plant faults in the arms"
         )
     for i, rec in enumerate(cast("list[ArmRecord]", [ref, *arms])):
-        if rec.precision != FP32_PRECISION:
-            raise ParityRefused(
-                f"assert_parity is the FP32 check: arm {rec.label!r} ran precision={rec.precision!r}, allowed: "
-                f"{FP32_PRECISION!r}; judge BF16 arms with the BF16 criterion"
-            )
-        if rec.arm in DISTRIBUTED_ARMS and rec.world_size < 2:
-            raise ParityRefused(
-                f"arm {rec.label!r} is distributed but ran on {rec.world_size} device; a one-device run proves "
-                "nothing about synchronization: run it in a test marked @pytest.mark.ranks(n) with n >= 2"
-            )
-        if i > 0 and rec.world_size == 1 and _configuration(rec) == _configuration(ref):
-            raise ParityRefused(
-                f"arm {rec.label!r} ran on 1 device with the reference's own configuration "
-                f"({_describe_configuration(rec)}): it is the reference run again and proves nothing about "
-                "distributed training, whose arms must have run on more than one device; compare "
-                'lora_qwen.run("ddp") or lora_qwen.run("fsdp") from a test marked @pytest.mark.ranks(n) with '
-                "n >= 2, or a one-device arm of another configuration (strategy=, precision= or accumulate=)"
-            )
-        diffs = ref.recipe.differences(rec.recipe)
-        if diffs:
-            raise ParityRefused(
-                f"arm {rec.label!r} ran a different recipe than the reference ({'; '.join(diffs)}; "
-                "reference first); run every arm from the same lora_qwen with the same steps, global_batch and clip"
-            )
-        if rec.trainable_names != ref.trainable_names or rec.frozen_names != ref.frozen_names:
-            raise ParityRefused(
-                f"arm {rec.label!r} has other parameter names than the reference "
-                f"({len(rec.trainable_names)} trainable / {len(rec.frozen_names)} frozen against "
-                f"{len(ref.trainable_names)} / {len(ref.frozen_names)}); the strategy must keep the model's names"
-            )
+        _check_arm(i, rec, ref)
     clip = ref.recipe.clip
     for step, (norm,) in enumerate(ref.pre_clip_norms):
         if not norm > clip:
@@ -351,61 +322,80 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
             )
 
 
+def _check_arm(i: int, rec: ArmRecord, ref: ArmRecord) -> None:
+    """Refuse arm ``i`` (0: the reference) of another precision, a one-device distributed arm, the reference
+    run again, another recipe or other parameter names."""
+    if rec.precision != FP32_PRECISION:
+        raise ParityRefused(
+            f"assert_parity is the FP32 check: arm {rec.label!r} ran precision={rec.precision!r}, allowed: "
+            f"{FP32_PRECISION!r}; judge BF16 arms with the BF16 criterion"
+        )
+    if rec.arm in DISTRIBUTED_ARMS and rec.world_size < 2:
+        raise ParityRefused(
+            f"arm {rec.label!r} is distributed but ran on {rec.world_size} device; a one-device run proves "
+            "nothing about synchronization: run it in a test marked @pytest.mark.ranks(n) with n >= 2"
+        )
+    if i > 0 and rec.world_size == 1 and _configuration(rec) == _configuration(ref):
+        raise ParityRefused(
+            f"arm {rec.label!r} ran on 1 device with the reference's own configuration "
+            f"({_describe_configuration(rec)}): it is the reference run again and proves nothing about "
+            "distributed training, whose arms must have run on more than one device; compare "
+            'lora_qwen.run("ddp") or lora_qwen.run("fsdp") from a test marked @pytest.mark.ranks(n) with '
+            "n >= 2, or a one-device arm of another configuration (strategy=, precision= or accumulate=)"
+        )
+    diffs = ref.recipe.differences(rec.recipe)
+    if diffs:
+        raise ParityRefused(
+            f"arm {rec.label!r} ran a different recipe than the reference ({'; '.join(diffs)}; "
+            "reference first); run every arm from the same lora_qwen with the same steps, global_batch and clip"
+        )
+    if rec.trainable_names != ref.trainable_names or rec.frozen_names != ref.frozen_names:
+        raise ParityRefused(
+            f"arm {rec.label!r} has other parameter names than the reference "
+            f"({len(rec.trainable_names)} trainable / {len(rec.frozen_names)} frozen against "
+            f"{len(ref.trainable_names)} / {len(ref.frozen_names)}); the strategy must keep the model's names"
+        )
+
+
 def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
     failed: list[FailedCheck] = []
 
     def fail(check: str, detail: str) -> None:
         failed.append(FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail))
 
-    initial_bad = [
-        n for n in ref.trainable_names if not bit_equal(arm.initial_trainable[n], ref.initial_trainable[n])
-    ]
-    initial_bad += [n for n in ref.frozen_names if arm.frozen_initial.get(n) != ref.frozen_initial.get(n)]
+    initial_bad = _initial_bad(ref, arm)
     if initial_bad:
         fail(
             "initial",
             f"{len(initial_bad)} tensors differ from the reference before the first step "
             f"(first: {initial_bad[0]}); every arm must start from bit-identical weights",
         )
-
-    for step, (ref_rows, per_rank) in enumerate(zip(ref.rows_seen, arm.rows_seen, strict=True)):
-        detail = _rows_problem(ref_rows[0], per_rank)
-        if detail:
-            fail("rows", f"step {step}: {detail}")
-            break
-
+    rows = _first_rows_problem(ref, arm)
+    if rows:
+        fail("rows", rows)
     pre = _norm_rel(ref.pre_clip_norms, arm.pre_clip_norms)
-    if not pre[0] <= rtol:
-        fail("pre_norm", _norm_detail(pre, rtol))
     post = _norm_rel(ref.post_clip_norms, arm.post_clip_norms)
-    if not post[0] <= rtol:
-        fail("post_norm", _norm_detail(post, rtol))
-
+    for check, worst in (("pre_norm", pre), ("post_norm", post)):
+        if not worst[0] <= rtol:
+            fail(check, _norm_detail(worst, rtol))
     update_rel = _update_rel(ref, arm)
     if not update_rel <= rtol:
         fail("update", f"whole-run update rel L2 {format_figure(update_rel)} > rtol {format_limit(rtol)}")
-
-    changed = [
-        n
-        for n in ref.frozen_names
-        if any(rank_digests.get(n) != ref.frozen_initial[n] for rank_digests in arm.frozen_final)
-    ]
+    changed = _frozen_changed(ref, arm)
     if changed:
         fail(
             "frozen",
             f"{format_count(len(changed), len(ref.frozen_names))} frozen tensors changed "
             f"(first: {changed[0]}); frozen weights must never move",
         )
-
     groups = _rank_groups(arm.final_trainable_digests)
     if len(groups) > 1:
+        held = " | ".join(fold_ranks(g) for g in groups)
         fail(
             "synchronized",
-            "final trainables are not bitwise equal on every rank: "
-            + " | ".join(fold_ranks(g) for g in groups)
-            + " hold different values; a tensor is left out of gradient synchronization",
+            f"final trainables are not bitwise equal on every rank: {held} hold different values; "
+            "a tensor is left out of gradient synchronization",
         )
-
     return ArmParity(
         label=arm.label,
         arm=arm.arm,
@@ -423,6 +413,33 @@ def _compare(ref: ArmRecord, arm: ArmRecord, rtol: float) -> ArmParity:
         pre_norm_rel_steps=_norm_rel_steps(ref.pre_clip_norms, arm.pre_clip_norms),
         post_norm_rel_steps=_norm_rel_steps(ref.post_clip_norms, arm.post_clip_norms),
     )
+
+
+def _first_rows_problem(ref: ArmRecord, arm: ArmRecord) -> str:
+    """The first step at which the arm did not train the reference's rows, each once ("" when none)."""
+    for step, (ref_rows, per_rank) in enumerate(zip(ref.rows_seen, arm.rows_seen, strict=True)):
+        detail = _rows_problem(ref_rows[0], per_rank)
+        if detail:
+            return f"step {step}: {detail}"
+    return ""
+
+
+def _initial_bad(ref: ArmRecord, arm: ArmRecord) -> list[str]:
+    """Tensors that differ from the reference's before the first step (trainables bit for bit, frozen by
+    digest)."""
+    bad = [
+        n for n in ref.trainable_names if not bit_equal(arm.initial_trainable[n], ref.initial_trainable[n])
+    ]
+    return bad + [n for n in ref.frozen_names if arm.frozen_initial.get(n) != ref.frozen_initial.get(n)]
+
+
+def _frozen_changed(ref: ArmRecord, arm: ArmRecord) -> list[str]:
+    """Frozen tensors whose final digest on any rank differs from the reference's initial one."""
+    return [
+        n
+        for n in ref.frozen_names
+        if any(rank_digests.get(n) != ref.frozen_initial[n] for rank_digests in arm.frozen_final)
+    ]
 
 
 def _norm_rel_steps(

@@ -100,6 +100,21 @@ def _weight_diff(value: float | str | None) -> str:
     return figure_cell(value)
 
 
+def _matrix_row(payload: Mapping[str, Any], target: str, detail: str) -> Row:
+    counts = payload["counts"]
+    return Row(
+        cells=(target, "all", str(payload["ranks"]), "-", "-", "-", "-", "-", "-", _short(detail, 110)),
+        verdict="pass" if payload["passed"] else "FAIL",
+        figures={
+            **{v: int(counts.get(v, 0)) for v in CRASH_VERDICTS},
+            "crash_points": len(payload["rows"]),
+            "control": str(payload["control"]["verdict"]),
+            "fault_free_diff": payload["fault_free_diff"],
+        },
+        label="matrix",
+    )
+
+
 def crash_rows(payload: Mapping[str, Any]) -> list[Row]:
     """The matrix's row (``pass`` / ``FAIL``, its counts per verdict and its problems), then every crash
     point that did not PASS, and the control run when it did not.
@@ -118,19 +133,7 @@ def crash_rows(payload: Mapping[str, Any]) -> list[Row]:
     if problems:
         detail += "; " + "; ".join(problems)
     target = str(payload["target"])
-    rows = [
-        Row(
-            cells=(target, "all", str(payload["ranks"]), "-", "-", "-", "-", "-", "-", _short(detail, 110)),
-            verdict="pass" if payload["passed"] else "FAIL",
-            figures={
-                **{v: int(counts.get(v, 0)) for v in CRASH_VERDICTS},
-                "crash_points": total,
-                "control": str(control["verdict"]),
-                "fault_free_diff": payload["fault_free_diff"],
-            },
-            label="matrix",
-        )
-    ]
+    rows = [_matrix_row(payload, target, detail)]
     for point in [control, *payload["rows"]]:
         if point["verdict"] == "PASS":
             continue

@@ -59,24 +59,8 @@ def _names(names: Sequence[str]) -> str:
 # restore checks: one restored capture against the capture taken inside the save
 
 
-def restore_problems(restored: StateCapture, saved: StateCapture, *, same_world: bool) -> dict[str, str]:
-    """Check name -> what differs, for every restore check this capture fails."""
-    problems: dict[str, str] = {}
-
-    missing = [n for n in saved.trainables if n not in restored.trainables]
-    differ = [
-        n
-        for n in saved.trainables
-        if n in restored.trainables and not bit_equal(restored.trainables[n], saved.trainables[n])
-    ]
-    if missing or differ:
-        parts = []
-        if missing:
-            parts.append(f"missing {_names(missing)}")
-        if differ:
-            parts.append(f"{len(differ)} of {len(saved.trainables)} differ from the save, first {differ[0]}")
-        problems["trainables"] = "; ".join(parts)
-
+def _optimizer_problems(restored: StateCapture, saved: StateCapture, *, same_world: bool) -> list[str]:
+    """What differs in the optimizer state (values bit for bit, and the devices they live on)."""
     opt: list[str] = []
     for name, saved_state in saved.optimizer.items():
         got = restored.optimizer.get(name, {})
@@ -100,6 +84,28 @@ def restore_problems(restored: StateCapture, saved: StateCapture, *, same_world:
     extra = [n for n in restored.optimizer if n not in saved.optimizer and restored.optimizer[n]]
     if extra:
         opt.append(f"state for parameters the save had none for: {_names(extra)}")
+    return opt
+
+
+def restore_problems(restored: StateCapture, saved: StateCapture, *, same_world: bool) -> dict[str, str]:
+    """Check name -> what differs, for every restore check this capture fails."""
+    problems: dict[str, str] = {}
+
+    missing = [n for n in saved.trainables if n not in restored.trainables]
+    differ = [
+        n
+        for n in saved.trainables
+        if n in restored.trainables and not bit_equal(restored.trainables[n], saved.trainables[n])
+    ]
+    if missing or differ:
+        parts = []
+        if missing:
+            parts.append(f"missing {_names(missing)}")
+        if differ:
+            parts.append(f"{len(differ)} of {len(saved.trainables)} differ from the save, first {differ[0]}")
+        problems["trainables"] = "; ".join(parts)
+
+    opt = _optimizer_problems(restored, saved, same_world=same_world)
     if opt:
         more = f" (and {len(opt) - 1} more)" if len(opt) > 1 else ""
         problems["optimizer_state"] = opt[0] + more
@@ -152,6 +158,19 @@ def _step_rows(records: Sequence[RoleRecord], step: int) -> list[tuple[int, ...]
     return per_rank
 
 
+def _first_loss_problem(arm_records: Sequence[RoleRecord], killed: Sequence[RoleRecord]) -> str:
+    """The first resumed step's loss against the killed fit's, bit for bit on every rank ("" when equal)."""
+    first = arm_records[0].steps[0].step
+    bad = []
+    for r_arm, r_killed in zip(arm_records, killed, strict=True):
+        mine, theirs = r_arm.step(first), r_killed.step(first)
+        if mine is None or theirs is None:
+            bad.append((r_arm.rank, "step missing"))
+        elif not same_float(mine.loss, theirs.loss):
+            bad.append((r_arm.rank, f"{mine.loss!r} != killed fit's {theirs.loss!r}"))
+    return f"step {first}: " + fold(bad) if bad else ""
+
+
 def continuation(
     arm_records: Sequence[RoleRecord],
     fit: Sequence[RoleRecord],
@@ -162,17 +181,10 @@ def continuation(
     problems: dict[str, str] = {}
     if not arm_records[0].steps:
         return problems
-    first = arm_records[0].steps[0].step
     if killed is not None and same_world:
-        bad = []
-        for r_arm, r_killed in zip(arm_records, killed, strict=True):
-            mine, theirs = r_arm.step(first), r_killed.step(first)
-            if mine is None or theirs is None:
-                bad.append((r_arm.rank, "step missing"))
-            elif not same_float(mine.loss, theirs.loss):
-                bad.append((r_arm.rank, f"{mine.loss!r} != killed fit's {theirs.loss!r}"))
-        if bad:
-            problems["first_loss"] = f"step {first}: " + fold(bad)
+        first_loss = _first_loss_problem(arm_records, killed)
+        if first_loss:
+            problems["first_loss"] = first_loss
 
     lr_bad: list[str] = []
     rows_bad: list[str] = []
