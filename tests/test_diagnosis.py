@@ -70,8 +70,11 @@ def rep(when: str, outcome: str = "passed", longrepr: Any = None) -> TestReport:
     return TestReport("t.py::test", ("t.py", 0, "test"), {}, outcome, longrepr, when)  # type: ignore[arg-type]
 
 
-def merged_text(per_rank: dict[int, list[TestReport]], ends: dict[int, RankEnd], n: int) -> dict[str, Any]:
+def merged_text(
+    per_rank: dict[int, list[TestReport]], ends: dict[int, RankEnd], n: int, woken: tuple[int, ...] = ()
+) -> dict[str, Any]:
     merged = merge_rank_reports(
+        woken=woken,
         nodeid="t.py::test",
         location=("t.py", 0, "test"),
         keywords={},
@@ -167,6 +170,27 @@ def test_a_rank_that_returned_from_a_collective_is_the_cause_and_its_peers_the_c
         f"ranks 0, 2-3 lost their peer: {cause}; their own errors during call"
     )
     assert call.longrepr.reprcrash.message.startswith(f"[rank 1] {cause}")
+
+
+@pytest.mark.cpu
+def test_ranks_woken_by_the_end_of_a_peer_join_the_roll_call_even_if_they_finished() -> None:
+    """At 96 ranks, killing one rank broke its peers' all_reduce before their own abort came; some of
+    them even finished their test before being killed. Their transport errors are the harness's doing."""
+    closed = "RuntimeError: Connection closed by peer [127.0.0.1]:4242"
+    crash = TestReport("t.py::test", ("t.py", 0, "test"), {}, "failed", closed, "call")
+    detail = "after the 8s timeout (from @pytest.mark.ranks(timeout=...))"
+    per_rank = {r: [rep("setup")] for r in range(4)}
+    ends = {
+        r: RankEnd(rank=r, ended_by="timeout", detail=detail, stacks=SLEEPING if r == 1 else WAITING)
+        for r in range(4)
+    }
+    per_rank[2] += [crash, rep("teardown")]  # woken, then finished before its agent killed it
+    per_rank[3] += [crash]  # woken, killed in its teardown
+    merged = merged_text(per_rank, ends, 4, woken=(2, 3))
+    assert merged["teardown"].passed  # rank 2's own teardown
+    groups = merged["call"].longrepr.groups
+    assert [ranks for ranks, _ in groups] == [(0, 1, 2, 3)]
+    assert "  ranks 0, 2-3: waiting in all_reduce (test_x.py:9)" in str(groups[0][1])
 
 
 @pytest.mark.cpu

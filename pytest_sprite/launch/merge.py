@@ -333,9 +333,11 @@ def _roll_call(
         phase = next(
             (p for p in PHASES if rank in by_phase[p] and is_transport_failure(by_phase[p][rank])), None
         )
-        if phase is not None and rank in synthesized and places[rank].no_stack is None:
-            if synthesized[rank] != phase and rank in by_phase.get(synthesized[rank], {}):
-                del by_phase[synthesized[rank]][rank]
+        # It may also have finished its test after the error, before its agent killed it (seen at 96 ranks).
+        if phase is not None and places[rank].waiting is not None and (rank in woken or rank in synthesized):
+            made_up = synthesized.get(rank, "")
+            if made_up not in ("", phase) and rank in by_phase[made_up]:
+                del by_phase[made_up][rank]
             synthesized[rank] = phase
     cause = cause_sentence(places)
     headline = cause[1] if cause is not None else odd_ones(places)

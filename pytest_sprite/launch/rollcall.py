@@ -144,6 +144,11 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
     if end.ended_by in ("timeout", "peer_failed"):
         if finished and transport is not None:  # it failed as its peer left, and then waited for the others
             where = collective_of_failure(transport.longrepr)
+            if where is None and missing_stack(end.stacks) is None:
+                found = whereabouts(end.stacks)
+                where = found if found is not None and found.collective is not None else None
+            if woken and where is not None:
+                return Place(rank=rank, text=where.text(), waiting=where)
             text = f"lost its peer in {where.collective} ({where.at})" if where else "lost its peer"
             return Place(rank=rank, text=text, waiting=where)
         if finished:
@@ -155,7 +160,8 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
         where = whereabouts(end.stacks)
         if where is None:
             return Place(rank=rank, text="no frame of its own in its stack")
-        after = f", after {_own_outcome(reports)}" if any(r.failed for r in reports) else ""
+        own = [r for r in reports if r.failed and not (woken and is_transport_failure(r))]
+        after = f", after {_own_outcome(own)}" if own else ""
         return Place(
             rank=rank,
             text=where.text() + after,
