@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_sprite import CrashConsistencyError, CrashMatrix, assert_crash_consistent
+from pytest_sprite.chaos.crash_targets import MatrixTarget
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
 from pytest_sprite.chaos.lora import LoraQwenTarget
 from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, rank_envs
@@ -122,7 +123,7 @@ class InterpreterPerRun:
 def _matrix(target: object, out: Path) -> tuple[CrashMatrix, float]:
     start = time.monotonic()
     try:
-        matrix = assert_crash_consistent(target, out_dir=out)
+        matrix = assert_crash_consistent(MatrixTarget(target), out_dir=out)
     except CrashConsistencyError as exc:
         matrix = exc.result
     return matrix, time.monotonic() - start

@@ -50,10 +50,18 @@ __all__ = [
     "assert_resume_bitexact",
     "assertion_results",
     "collected",
+    "crash_command",
+    "crash_fn",
+    "crash_hf_trainer",
+    "crash_recipe",
     "data_parallel_mesh",
+    "emit",
     "expect_fault_rejected",
     "judge_crash_matrix",
+    "kill_point",
     "load_arm_record",
+    "note_resumed_from",
+    "note_save_complete",
     "progress",
     "record_assertion",
     "run_subworld",
@@ -95,7 +103,15 @@ _LAZY = {
     "SubworldResult": "pytest_sprite.subworld",
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
-    "assert_crash_consistent": "pytest_sprite.chaos.api",
+    "assert_crash_consistent": "pytest_sprite.assertions.crash_consistency",
+    "crash_command": "pytest_sprite.chaos.crash_targets",
+    "crash_fn": "pytest_sprite.chaos.crash_targets",
+    "crash_hf_trainer": "pytest_sprite.chaos.crash_targets",
+    "crash_recipe": "pytest_sprite.chaos.crash_targets",
+    "emit": "pytest_sprite.subworld",
+    "kill_point": "pytest_sprite.subworld",
+    "note_resumed_from": "pytest_sprite.chaos.inject",
+    "note_save_complete": "pytest_sprite.chaos.inject",
     "assert_parity": "pytest_sprite.assertions.parity",
     "assertion_results": "pytest_sprite._results",
     "assert_resume_bitexact": "pytest_sprite.assertions.resume",
@@ -115,7 +131,12 @@ if TYPE_CHECKING:
     from ._collected import collected
     from ._results import assertion_results, progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
-    from .assertions.crash_consistency import CrashConsistencyError, CrashMatrix, judge_crash_matrix
+    from .assertions.crash_consistency import (
+        CrashConsistencyError,
+        CrashMatrix,
+        assert_crash_consistent,
+        judge_crash_matrix,
+    )
     from .assertions.criterion_v2 import (
         CRITERION_CHECKS,
         CriterionError,
@@ -133,7 +154,8 @@ if TYPE_CHECKING:
         assert_parity,
     )
     from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
-    from .chaos.api import assert_crash_consistent
+    from .chaos.crash_targets import crash_command, crash_fn, crash_hf_trainer, crash_recipe
+    from .chaos.inject import note_resumed_from, note_save_complete
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .faults import FAULTS, Fault
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
@@ -141,7 +163,7 @@ if TYPE_CHECKING:
     from .recipes.mesh import data_parallel_mesh
     from .recipes.recipe import Recipe
     from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
-    from .subworld import KillAt, SubworldError, SubworldResult, run_subworld
+    from .subworld import KillAt, SubworldError, SubworldResult, emit, kill_point, run_subworld
     from .world import World
 
 

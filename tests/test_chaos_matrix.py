@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite import CrashConsistencyError, assert_crash_consistent, judge_crash_matrix
+from pytest_sprite import (
+    CrashConsistencyError,
+    assert_crash_consistent,
+    crash_command,
+    crash_fn,
+    judge_crash_matrix,
+)
 from pytest_sprite.errors import SpriteUsageError
 
 pytestmark = pytest.mark.cpu
@@ -28,7 +34,7 @@ def protocols() -> Any:
 
 def test_in_place_save_with_unchecked_resume_is_a_hard_fail(tmp_path: Path, protocols: Any) -> None:
     with pytest.raises(CrashConsistencyError) as info:
-        assert_crash_consistent(protocols.train_in_place, out_dir=tmp_path / "chaos")
+        assert_crash_consistent(crash_fn(protocols.train_in_place), out_dir=tmp_path / "chaos")
     matrix = info.value.result
     # two saves of mkdir + model.pt + optim.pt + state.json; each file write also torn
     assert [(r.event, r.file, r.torn) for r in matrix.rows[:7]] == [
@@ -53,7 +59,9 @@ def test_in_place_save_with_unchecked_resume_is_a_hard_fail(tmp_path: Path, prot
 
 
 def test_temp_folder_renamed_into_place_passes(tmp_path: Path, protocols: Any) -> None:
-    matrix = assert_crash_consistent(protocols.train_tmp_rename, out_dir=tmp_path / "chaos", max_points=7)
+    matrix = assert_crash_consistent(
+        crash_fn(protocols.train_tmp_rename), out_dir=tmp_path / "chaos", max_points=7
+    )
     assert matrix.passed and matrix.counts["PASS"] == 7
     assert {r.event for r in matrix.rows} >= {"mkdir", "torch.save", "rename"}
     assert any(r.torn for r in matrix.rows)
@@ -86,7 +94,7 @@ def _json_train(out_dir: Path, *, noise: bool = False, fail_in: str | None = Non
 def test_a_target_whose_fault_free_runs_differ_fails_with_that_reason(tmp_path: Path) -> None:
     with pytest.raises(CrashConsistencyError) as info:
         assert_crash_consistent(
-            lambda d: _json_train(d, noise=True), out_dir=tmp_path / "chaos", max_points=2
+            crash_fn(lambda d: _json_train(d, noise=True)), out_dir=tmp_path / "chaos", max_points=2
         )
     matrix = info.value.result
     assert not matrix.deterministic
@@ -97,7 +105,10 @@ def test_a_target_whose_fault_free_runs_differ_fails_with_that_reason(tmp_path: 
 def test_flake_counts_failing_fault_free_runs(tmp_path: Path) -> None:
     with pytest.raises(CrashConsistencyError) as info:
         assert_crash_consistent(
-            lambda d: _json_train(d, fail_in="flake-2"), out_dir=tmp_path / "chaos", flake=3, max_points=2
+            crash_fn(lambda d: _json_train(d, fail_in="flake-2")),
+            out_dir=tmp_path / "chaos",
+            flake=3,
+            max_points=2,
         )
     matrix = info.value.result
     assert matrix.flake_runs == 3 and len(matrix.flake_failures) == 1
@@ -108,7 +119,7 @@ def test_flake_counts_failing_fault_free_runs(tmp_path: Path) -> None:
 
 def test_a_target_that_fails_without_any_crash_fails_the_matrix(tmp_path: Path) -> None:
     with pytest.raises(CrashConsistencyError) as info:
-        assert_crash_consistent(lambda d: 1 / 0, out_dir=tmp_path / "chaos")
+        assert_crash_consistent(crash_fn(lambda d: 1 / 0), out_dir=tmp_path / "chaos")
     assert info.value.result.problems == (
         "the fault-free run failed, so nothing was crashed: ZeroDivisionError: division by zero "
         "(its output: logs/free-1.r0.out)",
@@ -123,16 +134,39 @@ def test_bad_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(
         SpriteUsageError, match=r"exists; the crash matrix writes only into a directory it creates"
     ):
-        assert_crash_consistent(_json_train, out_dir=tmp_path / "exists")
+        assert_crash_consistent(crash_fn(_json_train), out_dir=tmp_path / "exists")
     with pytest.raises(SpriteUsageError, match=r"a command target needs result_file="):
-        assert_crash_consistent(["python", "t.py", "{out}"], out_dir=tmp_path / "a")
+        assert_crash_consistent(crash_command(["python", "t.py", "{out}"]), out_dir=tmp_path / "a")
     with pytest.raises(
         SpriteUsageError, match=r"has no \{out\}: put \{out\} where it takes its output directory"
     ):
-        assert_crash_consistent(["python", "t.py"], result_file="{out}/f.json", out_dir=tmp_path / "b")
+        assert_crash_consistent(
+            crash_command(["python", "t.py"], result_file="{out}/f.json"), out_dir=tmp_path / "b"
+        )
     with pytest.raises(SpriteUsageError, match=r"flake must be a non-negative int"):
-        assert_crash_consistent(_json_train, out_dir=tmp_path / "c", flake=-1)
+        assert_crash_consistent(crash_fn(_json_train), out_dir=tmp_path / "c", flake=-1)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_target_that_is_not_built_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(
+        SpriteUsageError,
+        match=r"^cannot crash a function: build the target with pytest_sprite\.crash_fn\(train\), "
+        r"crash_command\(\[\.\.\., '\{out\}'\], result_file=\.\.\.\), crash_recipe\(recipe, strategy=\.\.\.\) or "
+        r"crash_hf_trainer\(\)$",
+    ):
+        assert_crash_consistent(_json_train, out_dir=tmp_path / "chaos")  # type: ignore[arg-type]
+    assert not (tmp_path / "chaos").exists()
+
+
+def test_the_keyword_form_of_pytest_sprite_chaos_gives_the_same_matrix(tmp_path: Path) -> None:
+    from pytest_sprite.chaos import assert_crash_consistent as keyword_form
+
+    with pytest.raises(CrashConsistencyError) as built:
+        assert_crash_consistent(crash_fn(lambda d: 1 / 0), out_dir=tmp_path / "built")
+    with pytest.raises(CrashConsistencyError) as keywords:
+        keyword_form(lambda d: 1 / 0, out_dir=tmp_path / "keywords")
+    assert keywords.value.result.problems == built.value.result.problems
 
 
 # --- the command form: an unmodified script, one interpreter per run -------------------------------------
@@ -166,7 +200,8 @@ def test_command_form_crashes_an_unmodified_script(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     with pytest.raises(CrashConsistencyError) as info:
         assert_crash_consistent(
-            [sys.executable, str(script), "{out}"], result_file="{out}/final.json", out_dir=tmp_path / "chaos"
+            crash_command([sys.executable, str(script), "{out}"], result_file="{out}/final.json"),
+            out_dir=tmp_path / "chaos",
         )
     matrix = info.value.result
     assert [(r.event, r.file, r.torn, r.verdict) for r in matrix.rows] == [
@@ -195,7 +230,8 @@ def test_command_form_crashes_an_unmodified_script(tmp_path: Path) -> None:
 def test_command_form_on_the_torch_protocol_script(tmp_path: Path, protocols: Any) -> None:
     command = [sys.executable, "-m", "pytest_sprite.chaos.protocols", "tmp_rename", "{out}"]
     matrix = assert_crash_consistent(
-        command, result_file="{out}/final.pt", out_dir=tmp_path / "chaos", env={"PYTHONPATH": os.getcwd()}
+        crash_command(command, result_file="{out}/final.pt", env={"PYTHONPATH": os.getcwd()}),
+        out_dir=tmp_path / "chaos",
     )
     assert matrix.passed and {r.event for r in matrix.rows} >= {"torch.save", "rename"}
 
@@ -207,14 +243,14 @@ def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
     pytest.importorskip("torch")
     pytester.makepyfile(
         test_save="""
-        from pytest_sprite import assert_crash_consistent
+        from pytest_sprite import assert_crash_consistent, crash_fn
         from pytest_sprite.chaos.protocols import train_in_place, train_tmp_rename
 
         def test_in_place(tmp_path):
-            assert_crash_consistent(train_in_place, out_dir=tmp_path / "chaos", max_points=3)
+            assert_crash_consistent(crash_fn(train_in_place), out_dir=tmp_path / "chaos", max_points=3)
 
         def test_tmp_rename(tmp_path):
-            m = assert_crash_consistent(train_tmp_rename, out_dir=tmp_path / "chaos", max_points=3)
+            m = assert_crash_consistent(crash_fn(train_tmp_rename), out_dir=tmp_path / "chaos", max_points=3)
             assert m.kind == "crash_consistency" and m.passed
         """
     )

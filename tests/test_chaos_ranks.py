@@ -18,7 +18,7 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
         from pathlib import Path
 
         import pytest
-        from pytest_sprite import assert_crash_consistent
+        from pytest_sprite import assert_crash_consistent, crash_fn
         from pytest_sprite.chaos.protocols import train_rank0_rename
 
         def on_rank_1(event):
@@ -27,7 +27,7 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
         @pytest.mark.ranks(2)
         def test_rank0_rename(world):
             out = Path(__file__).parent / "chaos"  # one folder every rank sees
-            m = assert_crash_consistent(train_rank0_rename, out_dir=out, select=on_rank_1)
+            m = assert_crash_consistent(crash_fn(train_rank0_rename), out_dir=out, select=on_rank_1)
             assert m.ranks == 2 and m.passed
             assert world.gather_object(m.summary()) == [m.summary()] * 2  # the same matrix on every rank
         """

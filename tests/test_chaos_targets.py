@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite import CrashConsistencyError, assert_crash_consistent
+from pytest_sprite import CrashConsistencyError, assert_crash_consistent, crash_fn, crash_hf_trainer
 
 pytestmark = pytest.mark.cpu
 
@@ -19,9 +19,10 @@ pytestmark = pytest.mark.cpu
 def lora_target() -> Any:
     pytest.importorskip("lightning")
     pytest.importorskip("peft")
+    from pytest_sprite.chaos.crash_targets import MatrixTarget
     from pytest_sprite.chaos.lora import LoraQwenTarget
 
-    return LoraQwenTarget
+    return lambda **options: MatrixTarget(LoraQwenTarget(**options))
 
 
 def _last_ckpt(event: Any) -> bool:
@@ -75,11 +76,9 @@ def test_fsdp_matrices_run_and_judge(tmp_path: Path, lora_target: Any, strategy:
 @pytest.mark.slow
 def test_hf_trainer_single_process_step_10_save(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from pytest_sprite.chaos.hf import HFTrainerTarget
-
     with pytest.raises(CrashConsistencyError) as info:
         assert_crash_consistent(
-            HFTrainerTarget(),
+            crash_hf_trainer(),
             out_dir=tmp_path / "chaos",
             select=lambda e: e.path.startswith("checkpoint-10"),
             tear="native",
@@ -97,6 +96,8 @@ def test_every_rank_renaming_one_shared_temp_folder_is_caught_with_flake(tmp_pat
     from pytest_sprite.chaos.protocols import train_shared_tmp
 
     with pytest.raises(CrashConsistencyError) as info:
-        assert_crash_consistent(train_shared_tmp, ranks=2, out_dir=tmp_path / "chaos", flake=20, max_points=2)
+        assert_crash_consistent(
+            crash_fn(train_shared_tmp, ranks=2), out_dir=tmp_path / "chaos", flake=20, max_points=2
+        )
     problems = " ".join(info.value.result.problems)
     assert "fault-free" in problems and "FileNotFoundError" in problems

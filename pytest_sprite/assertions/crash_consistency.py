@@ -13,19 +13,23 @@ which checkpoints were complete, which one the resume used); its verdict is deri
 
 The matrix as a whole fails when two fault-free runs already differ (divergence verdicts mean nothing then),
 when a repeated fault-free run failed (``flake=``), when the control row (no crash) is not a PASS, or on any
-HARD_FAIL or SILENT_DIVERGENCE row (LOST_WORK too with ``allow_lost_work=False``). Pure: no torch, no processes;
-the runs that fill a matrix are :mod:`pytest_sprite.chaos` (``assert_crash_consistent``).
+HARD_FAIL or SILENT_DIVERGENCE row (LOST_WORK too with ``allow_lost_work=False``). The judge is pure: no torch,
+no processes. :func:`assert_crash_consistent` asks a :class:`CrashTarget` (built by ``crash_fn``,
+``crash_command``, ``crash_recipe`` or ``crash_hf_trainer`` in :mod:`pytest_sprite.chaos`, which runs it) for its
+matrix under :class:`MatrixSettings`, and judges it here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
+from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
@@ -33,11 +37,15 @@ from pytest_sprite.errors import SpriteUsageError
 __all__ = [
     "MATRIX_FILE",
     "SCRATCH",
+    "TEAR_CHOICES",
     "VERDICTS",
     "CrashConsistencyError",
     "CrashMatrix",
     "CrashRow",
+    "CrashTarget",
+    "MatrixSettings",
     "Verdict",
+    "assert_crash_consistent",
     "check_crash_matrix",
     "judge_crash_matrix",
     "judge_matrix",
@@ -405,3 +413,105 @@ def _read_float(value: Any) -> float | None:
 def _short(text: str, limit: int = 70) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+TEAR_CHOICES: tuple[str, ...] = ("all", "native", "none")
+"""Which written files a matrix also tears: every one, the native writers' (``torch.save``, safetensors), none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixSettings:
+    """How a crash matrix is run and judged, whatever its target."""
+
+    flake: int = 0
+    """Extra fault-free runs, each of which must end as the first did."""
+    allow_lost_work: bool = True
+    """False: a LOST_WORK row fails the matrix too."""
+    atol: float = 0.0
+    """The weight difference still counted as equal (0: bit for bit)."""
+    timeout: float = 300.0
+    """Seconds each run may take."""
+    grace: float = 5.0
+    """Seconds the other ranks of a run run on after one died at its crash point."""
+    max_points: int | None = None
+    """Sample that many crash points evenly (first and last kept); None: every one."""
+    select: Callable[[Any], bool] | None = None
+    """Keep only the file events it accepts (a ``FileEvent``)."""
+    tear: str = "all"
+    """One of :data:`TEAR_CHOICES`."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.flake, int) or isinstance(self.flake, bool) or self.flake < 0:
+            raise SpriteUsageError(
+                f"flake must be a non-negative int (extra fault-free runs), got {self.flake!r}"
+            )
+        if not self.atol >= 0:
+            raise SpriteUsageError(f"atol must be >= 0, got {self.atol!r}")
+        if not self.timeout > 0:
+            raise SpriteUsageError(f"timeout must be positive seconds, got {self.timeout!r}")
+        if self.max_points is not None and (not isinstance(self.max_points, int) or self.max_points < 1):
+            raise SpriteUsageError(f"max_points must be a positive int or None, got {self.max_points!r}")
+        if self.tear not in TEAR_CHOICES:
+            raise SpriteUsageError(f"tear={self.tear!r} is not one of {', '.join(map(repr, TEAR_CHOICES))}")
+
+
+@runtime_checkable
+class CrashTarget(Protocol):
+    """A training job :func:`assert_crash_consistent` can crash: built by a ``crash_*`` constructor."""
+
+    @property
+    def label(self) -> str:
+        """How the matrix names the target."""
+        ...
+
+    def crash_matrix(self, out_dir: str | os.PathLike[str], settings: MatrixSettings) -> CrashMatrix:
+        """Create ``out_dir`` (refusing one that exists), run and judge the whole matrix there; store it."""
+        ...
+
+
+def assert_crash_consistent(
+    target: CrashTarget,
+    *,
+    out_dir: str | os.PathLike[str],
+    flake: int = 0,
+    allow_lost_work: bool = True,
+    atol: float = 0.0,
+    timeout: float = 300.0,
+    grace: float = 5.0,
+    max_points: int | None = None,
+    select: Callable[[Any], bool] | None = None,
+    tear: str = "all",
+) -> CrashMatrix:
+    """Crash ``target`` at every file event of its run, resume each crash, and require every resume to be sound.
+
+    ``target`` is built by a constructor of :mod:`pytest_sprite`: ``crash_fn(train)`` (a training function
+    ``train(train_dir)`` that resumes from whatever it finds there and returns its final weights),
+    ``crash_command([..., "{out}"], result_file=...)`` (an unmodified script), ``crash_recipe(lora_qwen,
+    strategy="ddp")`` (a recipe's Lightning fit) or ``crash_hf_trainer()``. In a ranks test call it on every
+    rank: each run is then a sub-world of the test's ranks.
+
+    Raises :class:`CrashConsistencyError` (an ``AssertionError`` carrying the matrix) on any HARD_FAIL or
+    SILENT_DIVERGENCE row, on LOST_WORK when ``allow_lost_work=False``, when two fault-free runs differ, when any
+    of ``flake`` extra fault-free runs fails, or when the control run (no crash) does not pass; returns the
+    matrix otherwise. Writes only inside ``out_dir``, which it creates and refuses if it exists; the matrix is
+    stored there as ``matrix.json`` for ``judge_crash_matrix``. The other arguments are :class:`MatrixSettings`.
+    """
+    settings = MatrixSettings(
+        flake=flake,
+        allow_lost_work=allow_lost_work,
+        atol=float(atol),
+        timeout=float(timeout),
+        grace=float(grace),
+        max_points=max_points,
+        select=select,
+        tear=tear,
+    )
+    if not isinstance(target, CrashTarget):
+        raise SpriteUsageError(
+            f"cannot crash a {type(target).__name__}: build the target with pytest_sprite.crash_fn(train), "
+            "crash_command([..., '{out}'], result_file=...), crash_recipe(recipe, strategy=...) or "
+            "crash_hf_trainer()"
+        )
+    matrix = target.crash_matrix(out_dir, settings)
+    record_assertion(matrix, inputs=[Path(out_dir) / MATRIX_FILE])  # rank 0 wrote it: a manifest for `judge`
+    return check_crash_matrix(matrix)

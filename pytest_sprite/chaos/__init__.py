@@ -4,7 +4,9 @@ What the ckpt-chaos seed describes, inside the plugin: ``events`` (the log forma
 and crash trigger inside a run), ``runner`` (forked runs), ``targets`` (a function, a command), ``matrix``
 (building it), ``protocols`` (planted save protocols), ``hf`` (Hugging Face Trainer on a tiny in-memory
 GPT-2) and ``lora`` (the lora_qwen recipe's Lightning fit under each shipped strategy). The assertion is
-:func:`pytest_sprite.assert_crash_consistent` (here in ``api``); the verdict rules, the matrix and
+:func:`pytest_sprite.assert_crash_consistent` (beside its judge), crashing a target built by ``crash_targets``
+(``crash_fn``, ``crash_command``, ``crash_recipe``, ``crash_hf_trainer``); ``api`` keeps the keyword form; the
+verdict rules, the matrix and
 ``judge_crash_matrix`` are :mod:`pytest_sprite.assertions.crash_consistency` (pure).
 
 A training function calls :func:`note_save_complete` and :func:`note_resumed_from` to make LOST_WORK
@@ -14,6 +16,38 @@ the command form's ``sitecustomize`` imports it into every interpreter it starts
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
 
-__all__ = ["note_resumed_from", "note_save_complete"]
+if TYPE_CHECKING:
+    from pytest_sprite.chaos.api import assert_crash_consistent
+    from pytest_sprite.chaos.crash_targets import crash_command, crash_fn, crash_hf_trainer, crash_recipe
+
+__all__ = [
+    "assert_crash_consistent",
+    "crash_command",
+    "crash_fn",
+    "crash_hf_trainer",
+    "crash_recipe",
+    "note_resumed_from",
+    "note_save_complete",
+]
+
+_LAZY = {
+    "assert_crash_consistent": "pytest_sprite.chaos.api",
+    "crash_command": "pytest_sprite.chaos.crash_targets",
+    "crash_fn": "pytest_sprite.chaos.crash_targets",
+    "crash_hf_trainer": "pytest_sprite.chaos.crash_targets",
+    "crash_recipe": "pytest_sprite.chaos.crash_targets",
+}
+"""Loaded on first use: the sitecustomize of the command form imports this package into every interpreter."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

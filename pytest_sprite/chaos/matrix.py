@@ -15,20 +15,25 @@ of every rank ``p<NNN>`` (the crash) resumed in place, and ``control`` (``free-2
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pytest_sprite.assertions.crash_consistency import CrashMatrix, CrashRow, judge_matrix
+from pytest_sprite._timing import monotonic
+from pytest_sprite.assertions.crash_consistency import (
+    CrashMatrix,
+    CrashRow,
+    MatrixSettings,
+    judge_matrix,
+)
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
 from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.chaos.runner import RunOutcome
 from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
 
-__all__ = ["TEAR_CHOICES", "CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
+__all__ = ["CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +45,6 @@ class CrashPoint:
 
 
 Tear = Literal["all", "native", "none"]
-TEAR_CHOICES: tuple[str, ...] = ("all", "native", "none")
 
 
 def crash_points(
@@ -137,35 +141,18 @@ def _failure(outcome: RunOutcome) -> str:
     return outcome.first_error() or "no rank returned"
 
 
-def run_matrix(
-    target: Target,
-    out_dir: Path,
-    *,
-    flake: int = 0,
-    atol: float = 0.0,
-    allow_lost_work: bool = True,
-    timeout: float = 300.0,
-    grace: float = 5.0,
-    max_points: int | None = None,
-    select: Callable[[FileEvent], bool] | None = None,
-    tear: Tear = "all",
-    write: bool = True,
-) -> CrashMatrix:
+def run_matrix(target: Target, out_dir: Path, settings: MatrixSettings, *, write: bool = True) -> CrashMatrix:
     """Run the whole matrix of ``target`` inside ``out_dir`` (created by :func:`prepare_out_dir`) and judge it."""
-    start = time.monotonic()
+    start = monotonic()
     prewarm = getattr(target, "prewarm", None)
     if callable(prewarm):
         prewarm()
-    runs = _Runs(target, out_dir, timeout=timeout, grace=grace)
+    runs = _Runs(target, out_dir, timeout=settings.timeout, grace=settings.grace)
     first = runs.run("free-1")
     if not first.ok:
         output = runs.outputs("free-1")[0].relative_to(out_dir)
-        return _finish(
-            _empty(target, atol, allow_lost_work, flake, f"{_failure(first)} (its output: {output})"),
-            out_dir,
-            start,
-            write,
-        )
+        error = f"{_failure(first)} (its output: {output})"
+        return _finish(_empty(target, settings, error), out_dir, start, write)
     missing = [log for log in runs.logs("free-1") if not log.exists()]
     if missing:
         raise SpriteUsageError(
@@ -177,21 +164,50 @@ def run_matrix(
     free_log = runs.log("free-1")
     second = runs.run("free-2")
     fault_free_diff = weight_diff(reference, second.value(0)) if second.ok else float("inf")
-    flake_failures: list[str] = []
-    for k in range(1, flake + 1):
-        outcome = runs.run(f"flake-{k}")
-        if not outcome.ok:
-            flake_failures.append(f"flake-{k}: {_failure(outcome)}")
-        elif (diff := weight_diff(reference, outcome.value(0))) > atol or diff != diff:
-            flake_failures.append(f"flake-{k}: ended with weights {diff:.3g} away from free-1")
-    saves = free_log.completed_saves()
+    flake_failures = _flake_failures(runs, reference, settings)
     control = _resume_row(
         runs, reference, point=0, name="control", train_dir="free-2", crash=None, free_log=free_log
     )
+    matrix = CrashMatrix(
+        target=target.label,
+        ranks=target.ranks,
+        atol=settings.atol,
+        allow_lost_work=settings.allow_lost_work,
+        fault_free_diff=fault_free_diff,
+        flake_runs=settings.flake,
+        flake_failures=tuple(flake_failures),
+        saves=free_log.completed_saves(),
+        control=control,
+        rows=_crash_rows(runs, reference, free_log, settings),
+    )
+    return _finish(matrix, out_dir, start, write)
+
+
+def _flake_failures(runs: _Runs, reference: object, settings: MatrixSettings) -> list[str]:
+    """The repeated fault-free runs (``flake=``) that failed or ended elsewhere than ``free-1``."""
+    failures: list[str] = []
+    for k in range(1, settings.flake + 1):
+        outcome = runs.run(f"flake-{k}")
+        if not outcome.ok:
+            failures.append(f"flake-{k}: {_failure(outcome)}")
+        elif (diff := weight_diff(reference, outcome.value(0))) > settings.atol or diff != diff:
+            failures.append(f"flake-{k}: ended with weights {diff:.3g} away from free-1")
+    return failures
+
+
+def _crash_rows(
+    runs: _Runs, reference: object, free_log: EventLog, settings: MatrixSettings
+) -> tuple[CrashRow, ...]:
+    """Crash at every point of the fault-free run, resume each, and record the facts of each row."""
     rows: list[CrashRow] = []
-    for number, point in enumerate(
-        crash_points(free_log, target.ranks, max_points=max_points, select=select, tear=tear), start=1
-    ):
+    points = crash_points(
+        free_log,
+        runs.target.ranks,
+        max_points=settings.max_points,
+        select=settings.select,
+        tear=settings.tear,  # type: ignore[arg-type]
+    )
+    for number, point in enumerate(points, start=1):
         name = f"p{number:03d}{'t' if point.torn else ''}"
         crashed = runs.run(name, crash=point)
         rows.append(
@@ -205,29 +221,17 @@ def run_matrix(
                 free_log=free_log,
             )
         )
-    matrix = CrashMatrix(
-        target=target.label,
-        ranks=target.ranks,
-        atol=atol,
-        allow_lost_work=allow_lost_work,
-        fault_free_diff=fault_free_diff,
-        flake_runs=flake,
-        flake_failures=tuple(flake_failures),
-        saves=saves,
-        control=control,
-        rows=tuple(rows),
-    )
-    return _finish(matrix, out_dir, start, write)
+    return tuple(rows)
 
 
 def _finish(matrix: CrashMatrix, out_dir: Path, start: float, write: bool) -> CrashMatrix:
-    matrix = judge_matrix(replace(matrix, wall_s=time.monotonic() - start))
+    matrix = judge_matrix(replace(matrix, wall_s=monotonic() - start))
     if write:
         matrix.write(out_dir)
     return matrix
 
 
-def _empty(target: Target, atol: float, allow_lost_work: bool, flake: int, error: str) -> CrashMatrix:
+def _empty(target: Target, settings: MatrixSettings, error: str) -> CrashMatrix:
     """The matrix of a target whose fault-free run failed: no rows, the reason, a control that never ran."""
     control = CrashRow(
         point=0,
@@ -242,10 +246,10 @@ def _empty(target: Target, atol: float, allow_lost_work: bool, flake: int, error
     return CrashMatrix(
         target=target.label,
         ranks=target.ranks,
-        atol=atol,
-        allow_lost_work=allow_lost_work,
+        atol=settings.atol,
+        allow_lost_work=settings.allow_lost_work,
         fault_free_diff=float("nan"),
-        flake_runs=flake,
+        flake_runs=settings.flake,
         flake_failures=(),
         saves=(),
         control=control,
