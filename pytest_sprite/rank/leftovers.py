@@ -195,17 +195,28 @@ def _wait_gone(pids: set[int], until: float, alive: Callable[[int], bool]) -> se
 
 
 def end_session_leftovers(
-    sid: int, *, exclude: Collection[int] = (), grace: float = DEFAULT_GRACE, rounds: int = 3
+    sid: int,
+    *,
+    exclude: Collection[int] = (),
+    grace: float = DEFAULT_GRACE,
+    rounds: int = 3,
+    settle: float = 0.0,
 ) -> list[Leftover]:
     """End every live process of session ``sid`` but ``exclude``: SIGTERM, then SIGKILL after ``grace``.
 
     Repeats the search (up to ``rounds`` times) for processes started while the first ones were
     being ended, such as a shell's next command. Returns them in pid order, each with how it ended.
+    ``settle``: seconds the processes first found get to exit by themselves, unreported: what ends
+    with the session's leader (the sub-world zygote, when its test child died) was not left running.
     """
     ended: dict[int, Leftover] = {}
     skip = set(exclude)
-    for _ in range(rounds):
+    for round_ in range(rounds):
         found = session_processes(sid, exclude=skip | set(ended))
+        if found and round_ == 0 and settle > 0:
+            staying = _wait_gone(set(found), monotonic() + settle, _alive)
+            skip |= set(found) - staying
+            found = {pid: command for pid, command in found.items() if pid in staying}
         if not found:
             break
         _signal_all(found, signal.SIGTERM)
