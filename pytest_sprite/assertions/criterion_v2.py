@@ -6,46 +6,8 @@ verdict, the terminal's table); this module keeps every name importable from whe
 
 from __future__ import annotations
 
-from pytest_sprite.assertions.criterion import (
-    ABS_FLOOR,
-    CLIP_RTOL,
-    CRITERION_CHECKS,
-    CRITERION_INVARIANTS,
-    CRITERION_SCORED,
-    EPS_FP32,
-    INVARIANTS,
-    RTOL,
-    CriterionError,
-    CriterionRefused,
-    CriterionResult,
-    Diagnostics,
-    InvariantFailure,
-    InvariantResult,
-    PairDiagnostic,
-    ScoredComparison,
-    TensorGap,
-    assert_criterion_v2,
-    tensor_gap,
-)
+from pytest_sprite.assertions.criterion import assert_criterion_v2, results, tensor_gap
+from pytest_sprite.assertions.criterion.results import *  # noqa: F403
 
-__all__ = [
-    "ABS_FLOOR",
-    "CLIP_RTOL",
-    "CRITERION_CHECKS",
-    "CRITERION_INVARIANTS",
-    "CRITERION_SCORED",
-    "EPS_FP32",
-    "INVARIANTS",
-    "RTOL",
-    "CriterionError",
-    "CriterionRefused",
-    "CriterionResult",
-    "Diagnostics",
-    "InvariantFailure",
-    "InvariantResult",
-    "PairDiagnostic",
-    "ScoredComparison",
-    "TensorGap",
-    "assert_criterion_v2",
-    "tensor_gap",
-]
+__all__ = ["assert_criterion_v2", "tensor_gap"]
+__all__ += results.__all__

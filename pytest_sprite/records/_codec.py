@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pytest_sprite.errors import SpriteUsageError
 
@@ -65,6 +65,33 @@ def check_stored(data: Mapping[str, Any], kind: str | None, what: str, remedy: s
 
 
 _HINTS: dict[type, dict[str, Any]] = {}
+
+
+S = TypeVar("S", bound="Stored")
+
+
+class Stored:
+    """What every record class gets from the codec: ``to_dict()`` and ``from_dict()``.
+
+    A record stored on its own (not only inside another) names its ``HEADER`` (``format``, ``kind``) and
+    refuses, in :meth:`refuse_stored`, a stored form it cannot read.
+    """
+
+    HEADER: ClassVar[Mapping[str, Any]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
+        return encode(self, self.HEADER)
+
+    @classmethod
+    def from_dict(cls: type[S], data: Mapping[str, Any]) -> S:
+        """Inverse of :meth:`to_dict`; refuses a record written in another format (or of another kind)."""
+        cls.refuse_stored(data)
+        return decode(cls, data)
+
+    @classmethod
+    def refuse_stored(cls, data: Mapping[str, Any]) -> None:
+        """Raise :class:`~pytest_sprite.errors.SpriteUsageError` for a stored form this version cannot read."""
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.records._codec import (
     AS_ROWS,
     RECORD_FORMAT,
+    Stored,
     check_stored,
-    decode,
-    encode,
     finite_or_repr,
 )
 from pytest_sprite.records.identity import RecipeIdentity
@@ -37,7 +36,7 @@ BF16_SINGLE_DEVICE_ARMS: tuple[str, ...] = ("ref32", "ref", "split", "split_prem
 
 
 @dataclass(frozen=True, kw_only=True)
-class LinearCall:
+class LinearCall(Stored):
     """One Linear site as one forward call saw it: what the dtype invariant checks."""
 
     site: str
@@ -57,7 +56,7 @@ class LinearCall:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommConfig:
+class CommConfig(Stored):
     """The communication configuration one rank actually ran with (what the FP32 comm invariant checks)."""
 
     strategy: str
@@ -71,13 +70,9 @@ class CommConfig:
     reduce_dtype: str | None = None
     """FSDP2: ``MixedPrecisionPolicy.reduce_dtype`` (None: gradients reduce in their own dtype)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return encode(self)
-
 
 @dataclass(frozen=True, kw_only=True)
-class RankStep:
+class RankStep(Stored):
     """One rank at one step: norms, gradient health, replica digests, frozen digests, Linear sites."""
 
     pre_clip_norm: float
@@ -103,7 +98,7 @@ class RankStep:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Bf16StepRecord:
+class Bf16StepRecord(Stored):
     """One optimizer step of one arm: rows, rank-0 full tensors, and every rank's observations."""
 
     rows: tuple[tuple[int, ...], ...]
@@ -118,7 +113,7 @@ class Bf16StepRecord:
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Bf16ArmRecord:
+class Bf16ArmRecord(Stored):
     """One arm of the BF16 run, per step; identical on every rank after the arm returns."""
 
     arm: str
@@ -158,6 +153,13 @@ class Bf16ArmRecord:
     source: str | None = None
     """Directory the record was written to under ``--sprite-artifacts`` (or read from), None when not stored."""
 
+    HEADER: ClassVar[Mapping[str, Any]] = {"format": RECORD_FORMAT, "kind": "bf16"}
+
+    @classmethod
+    def refuse_stored(cls, data: Mapping[str, Any]) -> None:
+        """Refuse a record written in another format."""
+        check_stored(data, "bf16", "a BF16 arm record", "re-run the arm with this version of pytest-sprite")
+
     def __post_init__(self) -> None:
         problems: list[str] = []
         if self.arm not in BF16_ARMS:
@@ -195,21 +197,6 @@ class Bf16ArmRecord:
             return {n: self.initial_trainable[n].double() * 0 for n in self.trainable_names}
         final = self.steps[-1].params
         return {n: final[n].double() - self.initial_trainable[n].double() for n in self.trainable_names}
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
-        return encode(self, {"format": RECORD_FORMAT, "kind": "bf16"})
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Bf16ArmRecord:
-        """Inverse of :meth:`to_dict`; refuses a record written in another format."""
-        check_stored(
-            data,
-            "bf16",
-            "a BF16 arm record",
-            "re-run the arm with this version of pytest-sprite",
-        )
-        return decode(cls, data)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready metadata and per-step norms, without tensors."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records._codec import RECORD_FORMAT, decode, encode, finite_or_repr
+from pytest_sprite.records._codec import RECORD_FORMAT, Stored, finite_or_repr
 from pytest_sprite.records.identity import RecipeIdentity
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ _DEFAULT_STRATEGIES = {
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class ArmRecord:
+class ArmRecord(Stored):
     """One arm's run of the recipe, identical on every rank after the arm returns.
 
     Per-step lists are indexed ``[step][rank]``. Trainable tensors are full (gathered) CPU tensors
@@ -80,6 +80,17 @@ class ArmRecord:
 
     Not part of the record itself: assertions name it so that ``python -m pytest_sprite judge`` finds their inputs.
     """
+
+    HEADER: ClassVar[Mapping[str, Any]] = {"format": RECORD_FORMAT}
+
+    @classmethod
+    def refuse_stored(cls, data: Mapping[str, Any]) -> None:
+        """Refuse a record written in another format."""
+        if data.get("format") != RECORD_FORMAT:
+            raise SpriteUsageError(
+                f"arm record format {data.get('format')!r} is not readable here (this version reads "
+                f"format {RECORD_FORMAT}); re-run the arm with this version of pytest-sprite"
+            )
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -134,10 +145,6 @@ class ArmRecord:
         ]
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
-        return encode(self, {"format": RECORD_FORMAT})
-
     def summary(self) -> dict[str, Any]:
         """The figures without tensors: what a JSON report stores next to the tensor file."""
         data = self.to_dict()
@@ -151,13 +158,3 @@ class ArmRecord:
         data["pre_clip_norms"] = [[finite_or_repr(x) for x in s] for s in self.pre_clip_norms]
         data["post_clip_norms"] = [[finite_or_repr(x) for x in s] for s in self.post_clip_norms]
         return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ArmRecord:
-        """Inverse of :meth:`to_dict`; refuses a record written in another format."""
-        if data.get("format") != RECORD_FORMAT:
-            raise SpriteUsageError(
-                f"arm record format {data.get('format')!r} is not readable here (this version reads "
-                f"format {RECORD_FORMAT}); re-run the arm with this version of pytest-sprite"
-            )
-        return decode(cls, data)

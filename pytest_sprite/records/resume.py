@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pytest_sprite.records._codec import RECORD_FORMAT, check_stored, decode, encode
+from pytest_sprite.records._codec import RECORD_FORMAT, Stored, check_stored
 
 if TYPE_CHECKING:
     import torch
@@ -15,7 +15,7 @@ __all__ = ["ResumeRun", "RoleRecord", "StateCapture", "StepRecord"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepRecord:
+class StepRecord(Stored):
     """One optimizer step as one rank of a resume role saw it."""
 
     step: int
@@ -35,18 +35,9 @@ class StepRecord:
     rng: str
     """Digest of the RNG state at the start of the step (torch's CPU generator, plus the device's)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only (part of :meth:`ResumeRun.to_dict`)."""
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
-        """Inverse of :meth:`to_dict`."""
-        return decode(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class StateCapture:
+class StateCapture(Stored):
     """The training state of one rank at one moment: inside a checkpoint save, or just after a restore.
 
     Tensors are full (gathered) CPU values, so captures taken at different world sizes compare directly.
@@ -75,18 +66,9 @@ class StateCapture:
     frozen: Mapping[str, str] = field(repr=False)
     """Digest of every frozen tensor's full value, by name."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only (part of :meth:`ResumeRun.to_dict`)."""
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StateCapture:
-        """Inverse of :meth:`to_dict`."""
-        return decode(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class RoleRecord:
+class RoleRecord(Stored):
     """Everything one rank of one resume role reported: its steps, its saves and what it restored.
 
     Built from what the role emitted while it ran, so a role that was killed still has a record of the
@@ -125,18 +107,9 @@ class RoleRecord:
                 return s
         return None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only (part of :meth:`ResumeRun.to_dict`)."""
-        return encode(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RoleRecord:
-        """Inverse of :meth:`to_dict`."""
-        return decode(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class ResumeRun:
+class ResumeRun(Stored):
     """Every role of one resume check, rank by rank: what ``assert_resume_bitexact`` judges.
 
     ``roles[name][rank]`` is that rank's :class:`RoleRecord`. Roles that a configuration does not run
@@ -171,17 +144,14 @@ class ResumeRun:
     Not part of the run itself: the assertion names it so that ``python -m pytest_sprite judge`` finds it.
     """
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only, loadable with ``torch.load(weights_only=True)``."""
-        return encode(self, {"format": RECORD_FORMAT, "kind": "resume"})
+    HEADER: ClassVar[Mapping[str, Any]] = {"format": RECORD_FORMAT, "kind": "resume"}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ResumeRun:
-        """Inverse of :meth:`to_dict`; refuses a run written in another format (or another kind of record)."""
+    def refuse_stored(cls, data: Mapping[str, Any]) -> None:
+        """Refuse a run written in another format, or another kind of record."""
         check_stored(
             data,
             "resume",
             "a resume run",
             "judge it with the pytest-sprite version that wrote it, or re-run the resume check with this one",
         )
-        return decode(cls, data)

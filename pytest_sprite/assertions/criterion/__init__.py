@@ -15,46 +15,10 @@ and diagnostics), ``verdict`` (refusals and the assertion) and ``table`` (the te
 
 from __future__ import annotations
 
-from pytest_sprite.assertions.criterion.results import (
-    ABS_FLOOR,
-    CLIP_RTOL,
-    CRITERION_CHECKS,
-    CRITERION_INVARIANTS,
-    CRITERION_SCORED,
-    EPS_FP32,
-    INVARIANTS,
-    RTOL,
-    CriterionError,
-    CriterionRefused,
-    CriterionResult,
-    Diagnostics,
-    InvariantFailure,
-    InvariantResult,
-    PairDiagnostic,
-    ScoredComparison,
-    TensorGap,
-)
+from pytest_sprite.assertions.criterion import results
+from pytest_sprite.assertions.criterion.results import *  # noqa: F403
 from pytest_sprite.assertions.criterion.scoring import tensor_gap
 from pytest_sprite.assertions.criterion.verdict import assert_criterion_v2
 
-__all__ = [
-    "ABS_FLOOR",
-    "CLIP_RTOL",
-    "CRITERION_CHECKS",
-    "CRITERION_INVARIANTS",
-    "CRITERION_SCORED",
-    "EPS_FP32",
-    "INVARIANTS",
-    "RTOL",
-    "CriterionError",
-    "CriterionRefused",
-    "CriterionResult",
-    "Diagnostics",
-    "InvariantFailure",
-    "InvariantResult",
-    "PairDiagnostic",
-    "ScoredComparison",
-    "TensorGap",
-    "assert_criterion_v2",
-    "tensor_gap",
-]
+__all__ = ["assert_criterion_v2", "tensor_gap"]
+__all__ += results.__all__
