@@ -1,4 +1,8 @@
-"""``python -m pytest_sprite judge DIR``: re-judge stored assertion records offline (exit 1 on a failure)."""
+"""``python -m pytest_sprite judge DIR``: re-judge stored assertion records offline (exit 1 on a failure).
+
+``python -m pytest_sprite hosts N -- <pytest command>``: run a pytest command across N hosts made on this
+machine (see :mod:`pytest_sprite.hosts`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,11 @@ from pytest_sprite.errors import SpriteUsageError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (0 passed, 1 a failure or a changed verdict, 2 bad usage)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["hosts"]:  # its own parser: everything after `--` is the pytest command, untouched
+        from pytest_sprite.hosts.cli import main as hosts_main
+
+        return hosts_main(words[1:])
     parser = argparse.ArgumentParser(prog="python -m pytest_sprite", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     judge = commands.add_parser(
@@ -20,7 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     judge.add_argument("directory", metavar="DIR", type=Path)
     judge.add_argument("-q", "--quiet", action="store_true", help="print only failing rows and the counts")
-    args = parser.parse_args(argv)
+    commands.add_parser(
+        "hosts", help="run a pytest command across N hosts made here (hosts --help)", add_help=False
+    )
+    args = parser.parse_args(words)
 
     from pytest_sprite.report.judge import judge_directory
     from pytest_sprite.report.terminal import build_tables, render_text

@@ -1,0 +1,198 @@
+"""Two hosts on this machine (issue 25): real pytest sessions through ``python -m pytest_sprite hosts 2``.
+
+Each session is the command a user runs: the controller on host1, ``--ranks=4`` as two ranks on each host
+through MPICH's ``mpiexec``, every address a bridge address (nothing reaches another host over loopback),
+``/tmp`` and the process table each host's own, the basetemp in the run's shared directory. The inner test
+files live in pytester's directory, which the hosts see as the machine's shared file system (it is the
+command's working directory). Skipped, with the reason, where this machine cannot make hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from sprite_testing import fnescape
+
+from pytest_sprite.hosts import cannot_make_hosts
+from pytest_sprite.hosts.machine import ROOT
+
+_WHY_NOT = cannot_make_hosts()
+
+pytestmark = [pytest.mark.cpu, pytest.mark.skipif(_WHY_NOT is not None, reason=f"no hosts here: {_WHY_NOT}")]
+
+TIMEOUT = 240
+
+
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "240")
+
+
+def hosts(pytester: pytest.Pytester, *pytest_args: str, options: tuple[str, ...] = ()) -> pytest.RunResult:
+    """``python -m pytest_sprite hosts 2 [options] -- python -m pytest <args>`` in pytester's directory."""
+    before = _ours()
+    result = pytester.run(
+        sys.executable,
+        "-m",
+        "pytest_sprite",
+        "hosts",
+        "2",
+        *options,
+        "--",
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--ranks=4",
+        *pytest_args,
+        timeout=TIMEOUT,
+    )
+    print(result.stdout.str())
+    print(result.stderr.str())
+    assert _ours() == before, "the run left hosts behind"
+    return result
+
+
+def _ours() -> set[str]:
+    """This machine's leftovers of runs: run directories and interfaces named for a run."""
+    import subprocess
+
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
+    dirs = {p.name for p in ROOT.glob("sprite-hosts-*")}
+    return {n for n in names if n.startswith("sp")} | dirs
+
+
+WORLD = """
+import os
+import socket
+import subprocess
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+from pytest_sprite import run_subworld
+
+def two_per_host(names):
+    # ranks 0-1 on one host, 2-3 on the other (which host takes rank 0 is the order agents connected in)
+    return sorted(names) == ["host1", "host1", "host2", "host2"] and names[0] == names[1]
+
+def where(world):
+    t = torch.tensor([float(world.rank)])
+    dist.all_reduce(t)
+    return socket.gethostname(), os.environ["MASTER_ADDR"], t.item()
+
+@pytest.mark.ranks(4)
+def test_world_spans_the_hosts(world, tmp_path):
+    names = world.gather_object(socket.gethostname())
+    assert two_per_host(names), names
+    t = torch.tensor([float(world.rank)])
+    dist.all_reduce(t)
+    assert t.item() == 6.0
+    assert [g.item() for g in world.gather(torch.tensor([world.rank]))] == [0, 1, 2, 3]
+    world.collect("rank_host", torch.tensor([float(names[world.rank][-1] == names[0][-1])]))
+    # one tmp_path for every rank, on the shared directory: host2 writes, host1 reads
+    (tmp_path / f"from{world.rank}").write_text(socket.gethostname())
+    world.barrier()
+    assert sorted(p.read_text() for p in tmp_path.iterdir()) == sorted(names)
+    # not loopback: the rendezvous host is a name every host resolves to its bridge address
+    addr = socket.gethostbyname(os.environ["MASTER_ADDR"])
+    assert not addr.startswith("127."), addr
+
+@pytest.mark.ranks(4)
+def test_sub_world_across_hosts(world):
+    values = run_subworld(where).values()
+    assert two_per_host([v[0] for v in values]), values
+    assert {v[2] for v in values} == {6.0}
+    half = run_subworld(where, ranks=2).values()
+    assert [v[2] for v in half] == [1.0, 1.0]
+
+@pytest.mark.ranks(2)
+def test_packed_a(world):
+    assert len(set(world.gather_object(socket.gethostname()))) == 1  # within one host: it fits
+
+@pytest.mark.ranks(2)
+def test_packed_b(world):
+    assert len(set(world.gather_object(socket.gethostname()))) == 1
+
+@pytest.mark.ranks(4)
+@settings(max_examples=3, deadline=None, database=None)
+@given(st.integers(0, 9))
+def test_hypothesis_on_ranks(world, x):
+    t = torch.tensor([float(x)])
+    dist.all_reduce(t)
+    assert t.item() == 4 * x
+
+@pytest.mark.ranks(4)
+def test_leaves_a_process_on_each_host(world):
+    proc = subprocess.Popen(["sleep", "600"])
+    print(f"LEFT rank {world.rank} pid {proc.pid} on {socket.gethostname()}")
+"""
+
+COLLECTED = """
+import pytest
+from pytest_sprite import collected
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item):
+    result = yield
+    for name, tensors in collected(item).items():
+        print(f"COLLECTED {item.name} {name} {[t.tolist() for t in tensors]}")
+    return result
+"""
+
+
+def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
+    """Everything a ranks session does, with the controller on host1 and the ranks on host1 and host2."""
+    pytester.makeconftest(COLLECTED)
+    pytester.makepyfile(test_world=WORLD)
+    result = hosts(pytester, "--collective-check", "--sprite-report=report.json", "-s")
+    assert result.ret == 0
+    result.assert_outcomes(passed=6)
+    err = result.stderr.str()
+    assert "launcher: MPICH mpiexec" in err
+    assert "2 ranks per host; controller on host1" in err
+    result.stdout.fnmatch_lines(
+        ["*" + fnescape("COLLECTED test_world_spans_the_hosts rank_host [[1.0], [1.0], [0.0], [0.0]]") + "*"]
+    )
+    for rank in (0, 1, 2, 3):
+        result.stdout.fnmatch_lines([f"*rank {rank} left 1 process running after the test*", "*sleep 600*"])
+    report = json.loads((pytester.path / "report.json").read_text())
+    assert report["environment"]["hosts"] == ["host1", "host2"]
+    assert report["environment"]["launcher"] == "mpiexec"
+    spans = next(t for t in report["tests"] if t["nodeid"].endswith("test_world_spans_the_hosts"))
+    assert sorted(r["host"] for r in spans["ranks"]) == ["host1", "host1", "host2", "host2"]
+
+
+def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
+    """A bad request is refused before anything is made; nothing is left."""
+    before = _ours()
+    result = pytester.run(sys.executable, "-m", "pytest_sprite", "hosts", "2", "--", "pytest", "--ranks=3")
+    assert result.ret != 0
+    assert "--ranks=3 does not spread evenly over 2 hosts" in result.stderr.str()
+    assert _ours() == before
+
+
+def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path) -> None:
+    """A run whose process was killed (its directory names a dead owner) is cleaned by the next run."""
+    import subprocess
+
+    from pytest_sprite.hosts.machine import clean_leftovers
+
+    run_id = "ffff01"
+    subprocess.run(["ip", "link", "add", f"spb{run_id}", "type", "bridge"], check=True)
+    directory = ROOT / f"sprite-hosts-{run_id}"
+    directory.mkdir()
+    proc = subprocess.Popen(["true"])
+    proc.wait()  # its pid names an owner that has ended
+    (directory / "state.json").write_text(
+        json.dumps({"owner": proc.pid, "bridge": f"spb{run_id}", "veths": [], "pids": []})
+    )
+    removed = clean_leftovers()
+    assert f"spb{run_id}" in removed and str(directory) in removed
+    assert not directory.exists()
