@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AssertionFailure", "FailedCheck"]
+__all__ = ["ArmsResult", "AssertionFailure", "FailedCheck"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +29,22 @@ class FailedCheck:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form for reports."""
         return {"arm": self.arm, "check": self.check, "fault": self.fault, "detail": self.detail}
+
+
+class ArmsResult:
+    """A result that passes when every one of its ``arms`` passed (each arm has ``passed`` and ``failed``)."""
+
+    arms: tuple[Any, ...]
+
+    @property
+    def passed(self) -> bool:
+        """True when every arm passed every check."""
+        return all(a.passed for a in self.arms)
+
+    @property
+    def failed(self) -> tuple[FailedCheck, ...]:
+        """Every failed check of every arm, arm by arm."""
+        return tuple(f for a in self.arms for f in a.failed)
 
 
 class AssertionFailure(AssertionError):

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from pytest_sprite._ranges import fold_ranks
 from pytest_sprite._results import record_assertion
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import (
     Kind,
     Row,
@@ -150,7 +150,7 @@ class ArmParity:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParityResult:
+class ParityResult(ArmsResult):
     """Every arm's figures against one reference; returned on a pass, attached to the error on a failure."""
 
     rtol: float
@@ -159,16 +159,6 @@ class ParityResult:
     """One line describing the reference arm (device, global batch, steps, seed)."""
     arms: tuple[ArmParity, ...]
     """One entry per compared arm, in the order given."""
-
-    @property
-    def passed(self) -> bool:
-        """True when every arm passed every check."""
-        return all(a.passed for a in self.arms)
-
-    @property
-    def failed(self) -> tuple[FailedCheck, ...]:
-        """Every failed check of every arm."""
-        return tuple(f for a in self.arms for f in a.failed)
 
     def table(self) -> str:
         """The seed's FP32 table: arm, ranks, global batch, result and the four figures."""

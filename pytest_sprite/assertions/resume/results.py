@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import (
     Kind,
     Row,
@@ -141,7 +141,7 @@ class ResumeArm:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResumeResult:
+class ResumeResult(ArmsResult):
     """Every required check and reported figure of one resume check; returned on a pass, carried on a failure."""
 
     kind = "resume"
@@ -174,16 +174,6 @@ class ResumeResult:
     """Whether the resumed run's RNG streams match the fit's on every rank (reported)."""
     timings: Mapping[str, tuple[float, float]]
     """Per role: wall seconds and process start-up seconds."""
-
-    @property
-    def passed(self) -> bool:
-        """True when every arm passed every required check."""
-        return all(a.passed for a in self.arms)
-
-    @property
-    def failed(self) -> tuple[FailedCheck, ...]:
-        """Every failed required check."""
-        return tuple(f for a in self.arms for f in a.failed)
 
     def verdict_table(self) -> str:
         """The seed's run table: run, ranks, global batch, reshard ranks, verdict."""
