@@ -22,6 +22,7 @@ from typing import IO, Any
 __all__ = [
     "LATE_IMPORTS",
     "die_with_parent",
+    "exit_text",
     "install_stack_dumps",
     "one_thread_after_fork",
     "preimport_torch",
@@ -155,3 +156,8 @@ def wait_status(status: int) -> tuple[int | None, int | None]:
     if os.WIFSIGNALED(status):
         return None, os.WTERMSIG(status)
     return (os.WEXITSTATUS(status) if os.WIFEXITED(status) else None), None
+
+
+def exit_text(exitcode: int | None, signum: int | None) -> str:
+    """How a process ended, in the words every report of the harness uses: ``signal 9`` or ``exit code 3``."""
+    return f"signal {signum}" if signum is not None else f"exit code {exitcode}"

@@ -15,18 +15,18 @@ import pickle
 import select
 import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_sprite._process import one_thread_after_fork
+from pytest_sprite._process import exit_text, one_thread_after_fork, redirect_output, wait_status
 from pytest_sprite._rankenv import become_rank
+from pytest_sprite._timing import monotonic
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 
-__all__ = ["RankOutcome", "RunOutcome", "output_tail", "portable", "rank_envs", "run_forked"]
+__all__ = ["RankOutcome", "RunOutcome", "portable", "rank_envs", "run_forked"]
 
 Status = Literal["returned", "raised", "crashed", "died", "timeout"]
 
@@ -90,9 +90,7 @@ def _child(
     code = 1
     try:
         os.setsid()
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
+        redirect_output(log_path)
         # pytest's capture replaced sys.stdout/stderr with its own objects: print into the log instead
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
@@ -162,7 +160,7 @@ def run_forked(
     has ended without a result (it died, at its crash point or otherwise) the others get ``grace`` more
     seconds to run on before they are stopped: a killed rank's peers run on for a while, then are stopped.
     """
-    start = time.monotonic()
+    start = monotonic()
     children: list[tuple[int, int]] = []
     for rank, (plan, env, log) in enumerate(zip(plans, envs, logs, strict=True)):
         read_fd, write_fd = os.pipe()
@@ -177,7 +175,7 @@ def run_forked(
     buffers: dict[int, bytearray] = {fd: bytearray() for _, fd in children}
     open_fds = {fd for _, fd in children}
     while open_fds:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - monotonic()
         if remaining <= 0:
             break
         ready, _, _ = select.select(list(open_fds), [], [], min(remaining, 1.0))
@@ -188,9 +186,9 @@ def run_forked(
             else:
                 open_fds.discard(fd)
                 if not buffers[fd] and grace is not None:  # no result: this rank died
-                    deadline = min(deadline, time.monotonic() + grace)
+                    deadline = min(deadline, monotonic() + grace)
     timed_out = bool(open_fds)
-    timeout = min(timeout, time.monotonic() - start)
+    timeout = min(timeout, monotonic() - start)
     outcomes: list[RankOutcome] = []
     for rank, (pid, fd) in enumerate(children):
         if timed_out:
@@ -200,7 +198,7 @@ def run_forked(
         outcomes.append(_outcome(rank, status, bytes(buffers[fd]), fd in open_fds, timeout))
     for pid, _ in children:  # what a rank left running (a dataloader worker, a stuck peer) ends with the run
         _kill_group(pid)
-    return RunOutcome(ranks=tuple(outcomes), wall_s=time.monotonic() - start)
+    return RunOutcome(ranks=tuple(outcomes), wall_s=monotonic() - start)
 
 
 def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:
@@ -242,15 +240,4 @@ def _outcome(rank: int, status: int, data: bytes, timed_out: bool, timeout: floa
         if kind == "returned":
             return RankOutcome(rank=rank, status="returned", value=value)
         return RankOutcome(rank=rank, status="raised", error=error, traceback=tb)
-    if os.WIFSIGNALED(status):
-        return RankOutcome(rank=rank, status="died", error=f"killed by signal {os.WTERMSIG(status)}")
-    return RankOutcome(rank=rank, status="died", error=f"exited with status {os.WEXITSTATUS(status)}")
-
-
-def output_tail(path: Path, lines: int = 15) -> str:
-    """The last lines a run's process printed (empty when it printed nothing)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
+    return RankOutcome(rank=rank, status="died", error=f"ended with {exit_text(*wait_status(status))}")

@@ -11,15 +11,16 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_sprite._process import prewarm_training
+from pytest_sprite._output import tail_of_file
+from pytest_sprite._process import exit_text, prewarm_training
+from pytest_sprite._timing import monotonic
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, output_tail, rank_envs, run_forked
+from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, rank_envs, run_forked
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [
@@ -198,7 +199,7 @@ class CommandTarget:
         if plan is not None:
             env[PLAN_ENV] = plan.to_json()
         train_dir.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
+        start = monotonic()
         with open(outputs[0], "ab") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -211,13 +212,13 @@ class CommandTarget:
                 outcome = RankOutcome(
                     rank=0, status="timeout", error=f"still running after {timeout:.0f} s; killed"
                 )
-                return RunOutcome(ranks=(outcome,), wall_s=time.monotonic() - start)
-        wall = time.monotonic() - start
+                return RunOutcome(ranks=(outcome,), wall_s=monotonic() - start)
+        wall = monotonic() - start
         if code == CRASH_EXIT_CODE:
             return RunOutcome(ranks=(RankOutcome(rank=0, status="crashed"),), wall_s=wall)
         if code != 0:
-            tail = output_tail(outputs[0], 3)
-            error = f"exited with status {code}" + (f": {tail.splitlines()[-1]}" if tail else "")
+            tail = tail_of_file(outputs[0], 3).rstrip()
+            error = f"ended with {exit_text(code, None)}" + (f": {tail.splitlines()[-1]}" if tail else "")
             return RunOutcome(ranks=(RankOutcome(rank=0, status="raised", error=error),), wall_s=wall)
         result = Path(self.result_file.replace("{out}", str(train_dir)))
         try:
@@ -373,7 +374,7 @@ class SubworldTarget:
     ) -> RunOutcome:
         from pytest_sprite.subworld import run_subworld
 
-        start = time.monotonic()
+        start = monotonic()
         result = run_subworld(
             _subworld_rank,
             args=(self.fn, (train_dir, *self.args), tuple(plans)),
@@ -398,4 +399,4 @@ class SubworldTarget:
                 )
             else:
                 ranks.append(RankOutcome(rank=o.rank, status="died", error=o.error or o.status))
-        return RunOutcome(ranks=tuple(ranks), wall_s=time.monotonic() - start)
+        return RunOutcome(ranks=tuple(ranks), wall_s=monotonic() - start)

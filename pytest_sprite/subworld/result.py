@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pytest_sprite._process import exit_text
 from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.errors import SpriteError
 
@@ -62,8 +63,7 @@ class RankOutcome:
             last = self.error.strip().splitlines()[-1] if self.error.strip() else "an exception"
             return f"raised {last}"
         if self.status == "crashed":
-            how = f"signal {self.signum}" if self.signum is not None else f"exit code {self.exitcode}"
-            return f"crashed ({how})"
+            return f"crashed ({exit_text(self.exitcode, self.signum)})"
         return f"{self.status}: {self.error}" if self.error else self.status
 
 
