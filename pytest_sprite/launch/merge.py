@@ -357,6 +357,12 @@ def _roll_call(
             if shown_in is None:
                 shown_in = phase
                 lines += _roll_call_body(ends, places, ended, stacks_took)
+                broken = sorted(set(reasons) - set(ended))
+                if broken:
+                    lines.append(
+                        f"({fold_ranks(broken)}: no stack, a peer's end broke {'its' if len(broken) == 1 else 'their'} "
+                        "collective before it was asked; placed by the traceback of that error)"
+                    )
             else:
                 lines.append(f"(where each rank was: see the roll call of the {shown_in} failure)")
             text = "\n".join(lines)
