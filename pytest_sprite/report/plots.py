@@ -10,9 +10,10 @@ only when plots are written.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,21 @@ def _pyplot() -> Any:
     return plt
 
 
+@contextlib.contextmanager
+def _png(path: Path, *, figsize: tuple[float, float]) -> Iterator[Any]:
+    """One figure's axes; on leaving, the figure is laid out and written to ``path`` as a PNG, and closed
+    either way."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize, dpi=110)
+    try:
+        yield ax
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
 def _floored(values: Iterable[float | str]) -> list[float]:
     out = []
     for v in values:
@@ -100,9 +116,7 @@ def step_gaps_figure(
     ``styles`` / ``colors``: matplotlib format string and colour per series (one colour per arm, one
     style per figure of it).
     """
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.2), dpi=110)
-    try:
+    with _png(path, figsize=(7.5, 4.2)) as ax:
         top = threshold
         for label, values in series.items():
             ys = _floored(values)
@@ -134,11 +148,6 @@ def step_gaps_figure(
         ax.set_title(title, fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}", title_fontsize=7)
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
     return path
 
 
@@ -153,7 +162,7 @@ def verdict_grid_figure(
     ylabel: str = "crash point",
 ) -> Path:
     """A grid of cells (row x column) coloured by verdict, with a legend of the verdicts present."""
-    plt = _pyplot()
+    _pyplot()  # the backend, before any other matplotlib import
     from matplotlib.colors import to_rgb
     from matplotlib.patches import Patch
 
@@ -165,10 +174,7 @@ def verdict_grid_figure(
         ]
         for r in rows
     ]
-    fig, ax = plt.subplots(
-        figsize=(max(7.0, 4.5 + 0.4 * len(columns)), max(3.0, 1.2 + 0.3 * len(rows))), dpi=110
-    )
-    try:
+    with _png(path, figsize=(max(7.0, 4.5 + 0.4 * len(columns)), max(3.0, 1.2 + 0.3 * len(rows)))) as ax:
         ax.imshow(image, aspect="auto", interpolation="nearest")
         # White lines between cells, so neighbouring cells of one verdict stay countable.
         ax.set_xticks([x - 0.5 for x in range(1, len(columns))], minor=True)
@@ -187,11 +193,6 @@ def verdict_grid_figure(
             loc="upper left",
             bbox_to_anchor=(1.01, 1.0),
         )
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
     return path
 
 
@@ -240,10 +241,8 @@ def gap_bars_figure(
     For figures that are one number per arm (the resume's largest continuation gaps), where a per-step
     line has nothing to draw. Exact zeros stand at :data:`GAP_FLOOR`; infinite gaps reach the top, hatched.
     """
-    plt = _pyplot()
     names = list(dict.fromkeys(name for figures in groups.values() for name in figures))
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.0 + 1.3 * len(groups)), 4.2), dpi=110)
-    try:
+    with _png(path, figsize=(max(7.0, 2.0 + 1.3 * len(groups)), 4.2)) as ax:
         values = {arm: dict(zip(figs, _floored(figs.values()), strict=True)) for arm, figs in groups.items()}
         finite = [v for figs in values.values() for v in figs.values() if math.isfinite(v)]
         top = max([GAP_FLOOR, *finite])
@@ -268,11 +267,6 @@ def gap_bars_figure(
         ax.legend(
             fontsize=7, loc="upper left", title=f"0 drawn at {GAP_FLOOR:g}; hatched: inf", title_fontsize=7
         )
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
-        plt.close(fig)
     return path
 
 
