@@ -40,6 +40,7 @@ __all__ = [
     "derive_port",
     "expand_hostlist",
     "free_port",
+    "gloo_interface",
     "hosts_in_nodefile",
     "iter_hostlist",
     "optional_rank_env",
@@ -588,3 +589,75 @@ def become_rank(variables: Mapping[str, str]) -> None:
     for name in _PMI_PLUMBING:
         os.environ.pop(name, None)
     os.environ.update(variables)
+    interface = gloo_interface(variables)
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+
+
+def gloo_interface(variables: Mapping[str, str]) -> str | None:
+    """The interface gloo must use in the world ``variables`` describe, when its own choice would fail.
+
+    Gloo binds to the address this host's name resolves to. Debian and Ubuntu install a node with its
+    name on ``127.0.1.1``: gloo then listens on loopback and gives that address to the ranks on other nodes,
+    which can never connect (issue 25). So when the world spans nodes (fewer local ranks than ranks), the
+    user named no interface (``GLOO_SOCKET_IFNAME``) and the name is a loopback address, this is the
+    interface that reaches the rendezvous host, or, on the rendezvous host itself, the default route's
+    (else the first interface with an IPv4 address that is not loopback). None otherwise: gloo's choice.
+    """
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    try:
+        if int(variables.get("LOCAL_WORLD_SIZE", "0")) >= int(variables.get("WORLD_SIZE", "0")):
+            return None  # every rank on this host: loopback reaches them all
+        if not socket.gethostbyname(socket.gethostname()).startswith("127."):
+            return None
+    except (OSError, ValueError):
+        return None
+    local = _local_address_toward(variables.get("MASTER_ADDR", ""))
+    addresses = _ipv4_interfaces()
+    if local is not None and not local.startswith("127."):
+        return next((name for name, addr in addresses.items() if addr == local), None)
+    default = _default_route_interface()
+    if default in addresses:
+        return default
+    return next((name for name, addr in addresses.items() if not addr.startswith("127.")), None)
+
+
+def _local_address_toward(host: str) -> str | None:
+    """This host's address on the route to ``host`` (no packet is sent)."""
+    if not host:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def _ipv4_interfaces() -> dict[str, str]:
+    """Each interface with an IPv4 address, and that address (Linux: SIOCGIFADDR)."""
+    import fcntl
+    import struct
+
+    found: dict[str, str] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                data = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found[name] = socket.inet_ntoa(data[20:24])
+    return found
+
+
+def _default_route_interface() -> str | None:
+    try:
+        with open("/proc/net/route", encoding="ascii") as fh:
+            for line in fh.read().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 2 and fields[1] == "00000000":
+                    return fields[0]
+    except OSError:
+        pass
+    return None

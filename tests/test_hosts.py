@@ -100,9 +100,9 @@ def test_world_spans_the_hosts(world, tmp_path):
     (tmp_path / f"from{world.rank}").write_text(socket.gethostname())
     world.barrier()
     assert sorted(p.read_text() for p in tmp_path.iterdir()) == sorted(names)
-    # not loopback: the rendezvous host is a name every host resolves to its bridge address
-    addr = socket.gethostbyname(os.environ["MASTER_ADDR"])
-    assert not addr.startswith("127."), addr
+    # each host names itself 127.0.1.1 (as Debian does): gloo was given the interface that others reach
+    assert socket.gethostbyname(socket.gethostname()) == "127.0.1.1"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth0"
 
 @pytest.mark.ranks(4)
 def test_sub_world_across_hosts(world):

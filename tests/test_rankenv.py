@@ -822,3 +822,32 @@ def test_become_rank_drops_the_launch_that_started_the_session(clean_env: pytest
     assert {name: os.environ[name] for name in variables} == variables
     info = read_rank_env(use_mpi4py=False)
     assert (info.rank, info.world_size) == (0, 2)
+
+
+def test_gloo_is_given_the_interface_others_reach_when_the_name_is_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Debian's ``127.0.1.1 thishost`` makes gloo listen on loopback; a world across nodes gets eth0 (issue 25)."""
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(
+        _rankenv.socket, "gethostbyname", lambda name: "127.0.1.1" if name == "me" else "10.0.0.1"
+    )
+    monkeypatch.setattr(_rankenv.socket, "gethostname", lambda: "me")
+    monkeypatch.setattr(
+        _rankenv, "_ipv4_interfaces", lambda: {"lo": "127.0.0.1", "eth0": "10.0.0.2", "ib0": "10.1.0.2"}
+    )
+    monkeypatch.setattr(_rankenv, "_local_address_toward", lambda host: {"node1": "10.0.0.2"}.get(host))
+    monkeypatch.setattr(_rankenv, "_default_route_interface", lambda: "ib0")
+    spans = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert _rankenv.gloo_interface({**spans, "MASTER_ADDR": "node1"}) == "eth0"  # the route to the master
+    assert (
+        _rankenv.gloo_interface({**spans, "MASTER_ADDR": "me"}) == "ib0"
+    )  # on the master: the default route
+    assert _rankenv.gloo_interface({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "me"}) is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "hsn0")
+    assert _rankenv.gloo_interface({**spans, "MASTER_ADDR": "node1"}) is None  # the user's choice stands
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setattr(_rankenv.socket, "gethostbyname", lambda name: "10.0.0.2")
+    assert (
+        _rankenv.gloo_interface({**spans, "MASTER_ADDR": "node1"}) is None
+    )  # the name is reachable: gloo's own

@@ -196,15 +196,22 @@ class Machine:
             Host(name=f"host{i}", index=i, address=f"{self.subnet}.{i}", veth=f"sp{self.run_id}h{i}")
             for i in range(1, self.n + 1)
         ]
-        hosts_file = self.workdir / "hosts"
-        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
-        lines += [f"{h.address} {h.name}" for h in self.hosts]
+        table = [f"{h.address} {h.name}" for h in self.hosts]
         # a dual-stack listener (torch's TCPStore) sees IPv4 peers as ::ffff:A, which it names for its logs
-        lines += [f"::ffff:{h.address} {h.name}" for h in self.hosts]
-        hosts_file.write_text("\n".join(lines) + "\n")
-        hosts_file.chmod(0o644)
+        table += [f"::ffff:{h.address} {h.name}" for h in self.hosts]
         for host in self.hosts:
-            self._start_host(host, hosts_file)
+            # As Debian and Ubuntu install a node: its own name first on 127.0.1.1, which only it can reach
+            # (what a listener or gloo bound to "this host's address" gets there), the others by address.
+            lines = [
+                "127.0.0.1 localhost",
+                f"127.0.1.1 {host.name}",
+                "::1 localhost ip6-localhost ip6-loopback",
+            ]
+            hosts_file = self._hosts_file(host)
+            hosts_file.write_text("\n".join([*lines, *table]) + "\n")
+            hosts_file.chmod(0o644)
+        for host in self.hosts:
+            self._start_host(host, self._hosts_file(host))
         self._save_state()
         _ip("link", "add", self.bridge, "type", "bridge")
         self._save_state()
@@ -256,6 +263,9 @@ class Machine:
                 f"{host.name} did not start (its first process said {line!r}, status {proc.poll()}): "
                 f"{self._host_errors(host)}"
             )
+
+    def _hosts_file(self, host: Host) -> Path:
+        return self.workdir / f"{host.name}.hosts"
 
     def _host_log(self, host: Host) -> Path:
         return self.workdir / f"{host.name}.log"
