@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -97,7 +96,7 @@ class Stored:
 def _hints(cls: type) -> dict[str, Any]:
     """The resolved field types of a record class (``torch.Tensor`` as ``Any``), once per class."""
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]), {"torch": _Torch})
+        _HINTS[cls] = typing.get_type_hints(cls, localns={"torch": _Torch})
     return _HINTS[cls]
 
 
