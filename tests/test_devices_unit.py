@@ -121,9 +121,9 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def test_recipes_give_lightning_the_tests_own_devices_on_an_accelerator(
     recorded: list[dict[str, Any]], kind: str, accelerator: str
 ) -> None:
-    from pytest_sprite.recipes._arm import _lightning_kwargs
+    from pytest_sprite.recipes.fit_kit import lightning_kwargs
 
-    _lightning_kwargs(kind, fake_world(torch.device(accelerator, 4), (4, 5)), "bf16-mixed")
+    lightning_kwargs(kind, fake_world(torch.device(accelerator, 4), (4, 5)), "bf16-mixed")
     assert recorded == [
         dict(strategy=kind, devices=[4, 5], num_nodes=1, precision="bf16-mixed", accelerator=accelerator)
     ]
@@ -131,17 +131,17 @@ def test_recipes_give_lightning_the_tests_own_devices_on_an_accelerator(
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_recipes_keep_a_count_of_devices_on_cpu(recorded: list[dict[str, Any]], kind: str) -> None:
-    from pytest_sprite.recipes._arm import _lightning_kwargs
+    from pytest_sprite.recipes.fit_kit import lightning_kwargs
 
     # a packed test's indices mean nothing on cpu: Lightning gets the number of local ranks, as before
-    _lightning_kwargs(kind, fake_world(torch.device("cpu"), (4, 5), size=4), "32-true")
+    lightning_kwargs(kind, fake_world(torch.device("cpu"), (4, 5), size=4), "32-true")
     assert recorded == [dict(strategy=kind, devices=2, num_nodes=2, precision="32-true", accelerator="cpu")]
 
 
 def test_a_single_device_recipe_pins_the_ranks_own_device(recorded: list[dict[str, Any]]) -> None:
-    from pytest_sprite.recipes._arm import _lightning_kwargs
+    from pytest_sprite.recipes.fit_kit import lightning_kwargs
 
-    _lightning_kwargs("single", fake_world(torch.device("xpu", 5), (4, 5)), "bf16-mixed")
+    lightning_kwargs("single", fake_world(torch.device("xpu", 5), (4, 5)), "bf16-mixed")
     assert recorded[0]["devices"] == [5]
 
 

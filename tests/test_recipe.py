@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
 from pytest_sprite.faults import FAULTS, Fault, Planter, PlantSite, plant
-from pytest_sprite.recipes._arm import shard_batches
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
 from pytest_sprite.recipes.artifacts import ArtifactDir
 from pytest_sprite.recipes.constants import TINY_QWEN2
+from pytest_sprite.recipes.fit_kit import shard_batches
 
 pytestmark = pytest.mark.cpu
 

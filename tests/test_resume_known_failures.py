@@ -17,7 +17,8 @@ import pytest
 import transformers  # noqa: F401
 
 from pytest_sprite.assertions.resume import _restore_problems
-from pytest_sprite.recipes._resume import ResumeRecipe, RoleSpec, records_from_events, run_role
+from pytest_sprite.recipes._resume import ResumeRecipe, RoleSpec, run_role
+from pytest_sprite.recipes.resume import records_from_events
 from pytest_sprite.records import RoleRecord
 from pytest_sprite.subworld import KillAt, run_subworld
 

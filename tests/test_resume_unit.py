@@ -13,7 +13,7 @@ from pytest_sprite import AssertionFailure, run_subworld
 from pytest_sprite.assertions.faults import FaultNotRejected, expect_fault_rejected
 from pytest_sprite.assertions.resume import RESUME_CHECKS, ResumeError, ResumeResult, judge_resume
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes._resume import _gather_shards  # here, so the forked ranks have it (and Lightning)
+from pytest_sprite.recipes.fit_kit import gather_shards  # here, so the forked ranks have it (and Lightning)
 from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
 
 pytestmark = pytest.mark.cpu
@@ -605,7 +605,7 @@ def test_under_artifacts_an_existing_result_is_refused_before_any_role_runs(
 
 
 def _gather_both_ways(world: Any) -> bool:
-    """``_gather_shards`` against ``gather_object``, on shards of uneven length and of four dtypes."""
+    """``gather_shards`` against ``gather_object``, on shards of uneven length and of four dtypes."""
     torch.manual_seed(world.rank)
     local = [
         torch.randn(world.rank + 1, 3),
@@ -613,7 +613,7 @@ def _gather_both_ways(world: Any) -> bool:
         torch.randn(world.rank, 2).to(torch.bfloat16),  # rank 0's shard is empty
         torch.tensor([True, False, True])[: world.rank + 1],
     ]
-    got = _gather_shards(local, world.size)
+    got = gather_shards(local, world.size)
     expected = world.gather_object(local)
     return all(
         got[k][r].dtype == expected[r][k].dtype and torch.equal(got[k][r], expected[r][k])

@@ -11,35 +11,40 @@ unshuffled DistributedSampler would. A strategy that reports the wrong ranks the
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import logging
 import tempfile
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 
-from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import Planter, PlantSite, plant
-from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
+from pytest_sprite.recipes.fit_kit import (
+    ArmRecipe,
+    HookedSGD,
+    IndexedRows,
+    check_loss,
+    collate_indexed,
+    data_parallel_part,
+    fit_numerics,
+    frozen,
+    full_tensor,
+    global_norm,
+    lightning_kwargs,
+    make_trainer,
+    shard_batches,
+    share_from_rank0,
+    strategy_name,
+    trainable,
+)
+from pytest_sprite.recipes.mesh import data_parallel_mesh
 from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest
 from pytest_sprite.world import World
 
-__all__ = [
-    "ArmPlan",
-    "ArmRecipe",
-    "IndexedRows",
-    "check_loss",
-    "collate_indexed",
-    "run_distributed",
-    "run_single",
-    "shard_batches",
-]
+__all__ = ["ArmPlan", "run_distributed", "run_single"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,18 +56,6 @@ class ArmPlan:
     precision: str
     accumulate: int
     fault: str | None
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class ArmRecipe:
-    """What the arm calls of a recipe, resolved by ``Recipe.run`` (this module never imports the recipe)."""
-
-    name: str
-    """The recipe's name, for error messages."""
-    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
-    """``loss(model, batch)``: the mean over the batch's rows."""
-    shard: Callable[[torch.nn.Module, Any], Any]
-    """``shard(model, mesh)``: the FSDP2 units of the fsdp arm."""
 
 
 @dataclass(kw_only=True)
@@ -80,86 +73,6 @@ class _Trace:
     frozen_final: dict[str, str] = field(default_factory=dict)
     final_digest: str = ""
     strategy: str = ""
-
-
-def shard_batches(*, total_rows: int, num_replicas: int, rank: int, micro_batch: int) -> list[list[int]]:
-    """This rank's micro-batches: rows ``rank, rank + R, ...`` (unshuffled DistributedSampler), cut in order.
-
-    With ``R`` equal to the world size, step ``s`` of every rank together covers rows ``s*B .. s*B+B-1``.
-    """
-    if num_replicas < 1 or not 0 <= rank < num_replicas:
-        raise SpriteUsageError(
-            f"the strategy reports distributed_sampler_kwargs num_replicas={num_replicas}, rank={rank}; "
-            "rank must lie in 0..num_replicas-1"
-        )
-    shard = list(range(rank, total_rows, num_replicas))
-    return [shard[i : i + micro_batch] for i in range(0, len(shard) - micro_batch + 1, micro_batch)]
-
-
-class IndexedRows(torch.utils.data.Dataset[tuple[int, Any]]):
-    """A recipe's rows as a dataset whose items carry their row id, so the arm records which rows it trained."""
-
-    def __init__(self, rows: Sequence[Any]) -> None:
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __getitem__(self, i: int) -> tuple[int, Any]:
-        return i, self._rows[i]
-
-
-def collate_indexed(items: list[tuple[int, Any]]) -> tuple[list[int], Any]:
-    """Row ids and the batch: ``default_collate`` of the rows, as a recipe's loss receives it."""
-    return [i for i, _ in items], default_collate([row for _, row in items])
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """The whole value of a possibly sharded tensor (a collective for DTensors: every rank must call it)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def _global_norm(params: list[torch.nn.Parameter]) -> float:
-    """L2 norm over every gradient, in float64; one collective when the gradients are DTensors."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad.detach().to(torch.float64) for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    sharded = [isinstance(g, DTensor) for g in grads]
-    if all(sharded) or not any(sharded):
-        return float(_full(torch.nn.utils.get_total_norm(grads, norm_type=2.0)).cpu())
-    total: float = sum(float(_full(g).pow(2).sum()) for g in grads)  # a mix: whole values tensor by tensor
-    return float(total**0.5)
-
-
-class _RecordingSGD(torch.optim.SGD):
-    """SGD that records the global gradient norm it steps with, i.e. after the strategy's clipping."""
-
-    def __init__(
-        self,
-        params: list[torch.nn.Parameter],
-        *,
-        lr: float,
-        on_step: Callable[[], None],
-        skip: Callable[[], bool],
-    ) -> None:
-        super().__init__(params, lr=lr)
-        self._on_step = on_step
-        self._skip = skip
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()  # Lightning's closure: forward, backward, then clipping
-        self._on_step()
-        if not self._skip():  # a planted fault may skip the update (the fault registry's skip_step hook)
-            super().step()
-        return loss
 
 
 class _ArmModule(pl.LightningModule):
@@ -192,23 +105,11 @@ class _ArmModule(pl.LightningModule):
         self._shard = shard
         self._mesh_factory = mesh_factory
 
-    def _trainables(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
-
-    def _frozen(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(n, p) for n, p in self.net.named_parameters() if not p.requires_grad]
-
     def configure_model(self) -> None:
         if not self._shard:
             return
         mesh = self.device_mesh if self.device_mesh is not None else self._mesh_factory()
-        names = tuple(mesh.mesh_dim_names or ())
-        if DATA_PARALLEL not in names:
-            raise SpriteUsageError(
-                f"the fsdp arm shards over the mesh dimension {DATA_PARALLEL!r}, but the strategy's mesh has "
-                f"dimensions {names}; give the strategy a mesh with a {DATA_PARALLEL!r} dimension"
-            )
-        self._recipe.shard(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
+        self._recipe.shard(self.net, data_parallel_part(mesh, require=True))
 
     def train_dataloader(self) -> DataLoader[Any]:
         kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
@@ -223,25 +124,22 @@ class _ArmModule(pl.LightningModule):
         )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainables = [p for _, p in self._trainables()]
-        return _RecordingSGD(
-            trainables,
-            lr=self._plan.identity.lr,
-            on_step=lambda: self.trace.post.append(_global_norm(trainables)),
-            skip=lambda: self._planter.skip_step(
-                self.trainer.global_step, self._plan.identity.steps, self._site
-            ),
+        return HookedSGD(
+            [p for _, p in trainable(self.net)], lr=self._plan.identity.lr, before=self._before_update
         )
 
+    def _before_update(self) -> bool:
+        """Record the post-clip norm the update steps with; False when a planted fault skips the update."""
+        self.trace.post.append(global_norm([p for _, p in trainable(self.net)]))
+        return not self._planter.skip_step(self.trainer.global_step, self._plan.identity.steps, self._site)
+
     def on_train_start(self) -> None:
-        trainables, frozen = self._trainables(), self._frozen()
+        trainables, frozen_params = trainable(self.net), frozen(self.net)
         self.trace.trainable_names = tuple(n for n, _ in trainables)
-        self.trace.frozen_names = tuple(n for n, _ in frozen)
-        self.trace.initial = {n: _full(p.detach()).to("cpu", copy=True) for n, p in trainables}
-        self.trace.frozen_initial = {n: tensor_digest(_full(p.detach())) for n, p in frozen}
-        self.trace.strategy = (
-            f"{type(self.trainer.strategy).__module__}.{type(self.trainer.strategy).__qualname__}"
-        )
+        self.trace.frozen_names = tuple(n for n, _ in frozen_params)
+        self.trace.initial = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainables}
+        self.trace.frozen_initial = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen_params}
+        self.trace.strategy = strategy_name(self.trainer)
 
     def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor:
         ids, data = batch
@@ -253,98 +151,17 @@ class _ArmModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after backward (gradients synchronized) and before clipping.
-        trainables = self._trainables()
+        trainables = trainable(self.net)
         self._planter.gradients(trainables, self._site)
-        self.trace.pre.append(_global_norm([p for _, p in trainables]))
+        self.trace.pre.append(global_norm([p for _, p in trainables]))
 
     def on_train_end(self) -> None:
-        trainables = self._trainables()
-        self.trace.final = {n: _full(p.detach()).to("cpu", copy=True) for n, p in trainables}
-        self.trace.frozen_final = {n: tensor_digest(_full(p.detach())) for n, p in self._frozen()}
+        self.trace.final = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainable(self.net)}
+        self.trace.frozen_final = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen(self.net)}
         h = hashlib.sha256()
         for n in self.trace.trainable_names:
             h.update(tensor_digest(self.trace.final[n]).encode())
         self.trace.final_digest = h.hexdigest()
-
-
-def check_loss(recipe: ArmRecipe, loss: object, rows: int) -> None:
-    """Refuse a loss that is not one differentiable number (the mean the arms average over ranks)."""
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
-        shape = (
-            f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
-            if isinstance(loss, torch.Tensor)
-            else repr(loss)
-        )
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: loss(model, batch) returned {shape} for a batch of {rows} rows; it must "
-            "return a scalar floating-point tensor, the mean over the batch's rows (e.g. F.cross_entropy(...))"
-        )
-    if not loss.requires_grad:
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: loss(model, batch) returned a tensor that does not require grad; compute it "
-            "from model(...) without torch.no_grad() or .detach()"
-        )
-
-
-@contextlib.contextmanager
-def _fp32_numerics() -> Iterator[None]:
-    """TF32 off and highest-precision FP32 matmuls for the fit (the seed's rule); restored afterwards."""
-    matmul = torch.backends.cuda.matmul.allow_tf32
-    cudnn = torch.backends.cudnn.allow_tf32
-    precision = torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
-        torch.set_float32_matmul_precision(precision)
-
-
-@contextlib.contextmanager
-def _quiet_lightning() -> Iterator[None]:
-    """Silence Lightning's per-fit banners and its few-workers hint, which say nothing about parity."""
-    from lightning.fabric.utilities.warnings import PossibleUserWarning
-
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=PossibleUserWarning)
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-def _lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]:
-    """Trainer arguments from the code under test's ``trainer_kwargs`` for this rank's device (xpu, cuda, cpu).
-
-    On an accelerator ``devices`` is the list of this test's devices on the node (``world.local_devices``):
-    Lightning gives local rank i ``devices[i]``, which for a packed test is its agents' devices (4 and 5,
-    say), not 0 and 1, which a test beside it may be using. On CPU it stays the count of local ranks.
-    """
-    from pytest_sprite.lightning import trainer_kwargs
-
-    accelerator = world.device.type
-    if kind == "single":
-        devices: Any = 1 if accelerator == "cpu" else [world.device.index or 0]
-        return trainer_kwargs("single", devices=devices, precision=precision, accelerator=accelerator)  # type: ignore[arg-type]
-    if world.size % world.local_size:
-        raise SpriteUsageError(
-            f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
-        )
-    return trainer_kwargs(
-        kind,  # type: ignore[arg-type]
-        devices=world.local_size if accelerator == "cpu" else list(world.local_devices),
-        num_nodes=world.size // world.local_size,
-        precision=precision,
-        accelerator=accelerator,  # type: ignore[arg-type]
-    )
 
 
 def _fit(
@@ -359,7 +176,7 @@ def _fit(
     strategy: Any,
 ) -> _Trace:
     ident = plan.identity
-    kwargs = _lightning_kwargs(kind, world, plan.precision)
+    kwargs = lightning_kwargs(kind, world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
     site = PlantSite(
@@ -381,22 +198,14 @@ def _fit(
         shard=kind == "fsdp",
         mesh_factory=lambda: data_parallel_mesh(world),
     )
-    with tempfile.TemporaryDirectory(prefix="sprite-arm-") as root, _fp32_numerics(), _quiet_lightning():
-        trainer = pl.Trainer(
-            **kwargs,
-            max_steps=ident.steps,
+    with tempfile.TemporaryDirectory(prefix="sprite-arm-") as root, fit_numerics():
+        trainer = make_trainer(
+            kwargs,
+            root=root,
             max_epochs=1,
-            accumulate_grad_batches=plan.accumulate,
-            gradient_clip_val=ident.clip,
-            gradient_clip_algorithm="norm",
-            use_distributed_sampler=False,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=root,
+            max_steps=ident.steps,
+            clip=ident.clip,
+            accumulate=plan.accumulate,
         )
         trainer.fit(module)
     trace = module.trace
@@ -490,23 +299,10 @@ def run_distributed(
         world_size=world.size,
         strategy=strategy,
     )
-    per_rank = world.gather_object(_summary(trace))
-    tensors = world.broadcast_object(
-        (
-            trace.trainable_names,
-            trace.frozen_names,
-            trace.initial,
-            trace.final,
-            trace.frozen_initial,
-            trace.strategy,
-        )
-    )
-    shared = _Trace(
-        trainable_names=tensors[0],
-        frozen_names=tensors[1],
-        initial=tensors[2],
-        final=tensors[3],
-        frozen_initial=tensors[4],
-        strategy=tensors[5],
+    per_rank, shared = share_from_rank0(
+        world,
+        trace,
+        summary=_summary(trace),
+        shared=("trainable_names", "frozen_names", "initial", "final", "frozen_initial", "strategy"),
     )
     return _record(plan, trace=shared, per_rank=per_rank, device_type=world.device.type)

@@ -15,9 +15,8 @@ and its model's Linear sites, backbone module and adapter tensor (local-adapter)
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +32,25 @@ from pytest_sprite._dependency_internals import (
 )
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import Planter, PlantSite, plant
-from pytest_sprite.recipes._arm import (
+from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
+    HookedSGD,
     IndexedRows,
-    _fp32_numerics,
-    _full,
-    _lightning_kwargs,
-    _quiet_lightning,
     check_loss,
     collate_indexed,
+    data_parallel_part,
+    fit_numerics,
+    frozen,
+    full_many,
+    lightning_kwargs,
+    make_trainer,
+    norm_of,
     shard_batches,
+    share_from_rank0,
+    strategy_name,
+    trainable,
 )
-from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
+from pytest_sprite.recipes.mesh import data_parallel_mesh
 from pytest_sprite.records import (
     BF16_SINGLE_DEVICE_ARMS,
     Bf16ArmRecord,
@@ -103,33 +109,6 @@ class _Trace:
     linear: dict[tuple[str, str, str, str, bool, str | None], int] = field(default_factory=dict)
 
 
-class _SGD(torch.optim.SGD):
-    """SGD that reports the post-clip norm before, and the parameters after, each update."""
-
-    def __init__(
-        self,
-        params: list[torch.nn.Parameter],
-        *,
-        lr: float,
-        before: Callable[[], bool],
-        after: Callable[[], None],
-    ) -> None:
-        super().__init__(params, lr=lr)
-        self._before = before
-        self._after = after
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()  # Lightning's closure: forward, backward, then clipping
-        if self._before():
-            super().step()
-        self._after()
-        return loss
-
-
 class _Bf16Module(pl.LightningModule):
     """One BF16 arm as a LightningModule that writes every step's observations into a :class:`_Trace`."""
 
@@ -164,12 +143,6 @@ class _Bf16Module(pl.LightningModule):
 
     # --- setup ---------------------------------------------------------------------------------------
 
-    def _trainables(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(n, p) for n, p in self.net.named_parameters() if p.requires_grad]
-
-    def _frozen(self) -> list[tuple[str, torch.nn.Parameter]]:
-        return [(n, p) for n, p in self.net.named_parameters() if not p.requires_grad]
-
     def configure_model(self) -> None:
         unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
         if unsynchronized and self._kind == "ddp":
@@ -178,8 +151,7 @@ class _Bf16Module(pl.LightningModule):
         if self._kind != "fsdp":
             return
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())
-        names = tuple(mesh.mesh_dim_names or ())
-        self._recipe.shard(self.net, mesh[DATA_PARALLEL] if len(names) > 1 else mesh)
+        self._recipe.shard(self.net, data_parallel_part(mesh))
 
     def _world(self) -> World:
         from pytest_sprite.world import current_world
@@ -205,23 +177,25 @@ class _Bf16Module(pl.LightningModule):
         )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        trainables = [p for _, p in self._trainables()]
-        return _SGD(
-            trainables, lr=self._plan.identity.lr, before=self._before_update, after=self._after_update
+        return HookedSGD(
+            [p for _, p in trainable(self.net)],
+            lr=self._plan.identity.lr,
+            before=self._before_update,
+            after=self._after_update,
         )
 
     def on_train_start(self) -> None:
-        trainables, frozen = self._trainables(), self._frozen()
+        trainables, frozen_params = trainable(self.net), frozen(self.net)
         t = self.trace
         t.trainable_names = tuple(n for n, _ in trainables)
-        t.frozen_names = tuple(n for n, _ in frozen)
-        values = _full_many([p.detach() for _, p in trainables + frozen])
+        t.frozen_names = tuple(n for n, _ in frozen_params)
+        values = full_many([p.detach() for _, p in trainables + frozen_params])
         full = {n: v.to("cpu", copy=True) for (n, _), v in zip(trainables, values, strict=False)}
         t.initial = full if self._rank == 0 else {}
         t.initial_digests = {
-            n: tensor_digest(v) for (n, _), v in zip(trainables + frozen, values, strict=True)
+            n: tensor_digest(v) for (n, _), v in zip(trainables + frozen_params, values, strict=True)
         }
-        t.strategy = f"{type(self.trainer.strategy).__module__}.{type(self.trainer.strategy).__qualname__}"
+        t.strategy = strategy_name(self.trainer)
         t.comm = self._comm_config()
         t.tf32 = (
             bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
@@ -327,7 +301,7 @@ class _Bf16Module(pl.LightningModule):
 
     def _split_step(self, rows: tuple[int, ...]) -> None:
         n = self._plan.shards
-        trainables = [p for _, p in self._trainables()]
+        trainables = [p for _, p in trainable(self.net)]
         shards = tuple(rows[r::n] for r in range(n))
         self.trace.pending["shards"] = shards
         total: list[torch.Tensor] | None = None
@@ -357,20 +331,20 @@ class _Bf16Module(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self.automatic_optimization:
             return  # split arms record before they clip
-        self._planter.gradients(self._trainables(), self._site)  # synchronized, not yet clipped
+        self._planter.gradients(trainable(self.net), self._site)  # synchronized, not yet clipped
         self._record_grads()
 
     def _record_grads(self) -> None:
         from torch.distributed.tensor import DTensor, Shard
 
-        trainables = self._trainables()
+        trainables = trainable(self.net)
         pending = self.trace.pending
         dtypes: dict[str, str] = {}
         nonfinite: list[str] = []
         digests: dict[str, str] = {}
         full_grads: dict[str, torch.Tensor] = {}
         present = [(n, p) for n, p in trainables if p.grad is not None]
-        values = _full_many([p.grad.detach() for _, p in present])  # type: ignore[union-attr]
+        values = full_many([p.grad.detach() for _, p in present])  # type: ignore[union-attr]
         for (n, p), full in zip(present, values, strict=True):
             dtypes[n] = str(p.grad.dtype)  # type: ignore[union-attr]
             if not bool(torch.isfinite(full).all()):
@@ -379,7 +353,7 @@ class _Bf16Module(pl.LightningModule):
             if self._rank == 0:
                 full_grads[n] = full.to("cpu", copy=True)
         pending.update(
-            pre=_norm(values), grad_dtypes=dtypes, grad_nonfinite=tuple(nonfinite), grad_digests=digests
+            pre=norm_of(values), grad_dtypes=dtypes, grad_nonfinite=tuple(nonfinite), grad_digests=digests
         )
         if self._kind == "fsdp":
 
@@ -391,16 +365,16 @@ class _Bf16Module(pl.LightningModule):
         self.trace.grads.append(full_grads)
 
     def _before_update(self) -> bool:
-        grads = [p.grad.detach() for _, p in self._trainables() if p.grad is not None]
-        self.trace.pending["post"] = _norm(_full_many(grads))
+        grads = [p.grad.detach() for _, p in trainable(self.net) if p.grad is not None]
+        self.trace.pending["post"] = norm_of(full_many(grads))
         return not self._planter.skip_step(len(self.trace.ranks), self._plan.identity.steps, self._site)
 
     def _after_update(self) -> None:
         t = self.trace
-        trainables, frozen_params = self._trainables(), self._frozen()
-        values = _full_many([p.detach() for _, p in trainables + frozen_params])
+        trainables, frozen_params = trainable(self.net), frozen(self.net)
+        values = full_many([p.detach() for _, p in trainables + frozen_params])
         full = {n: v for (n, _), v in zip(trainables, values, strict=False)}
-        frozen = {
+        frozen_digests = {
             n: tensor_digest(v) for (n, _), v in zip(frozen_params, values[len(trainables) :], strict=True)
         }
         pending, t.pending = t.pending, {}
@@ -415,7 +389,7 @@ class _Bf16Module(pl.LightningModule):
                 grad_nonfinite=pending.get("grad_nonfinite", ()),
                 grad_digests=pending.get("grad_digests", {}),
                 param_digests={n: tensor_digest(v) for n, v in full.items()},
-                frozen_digests=frozen,
+                frozen_digests=frozen_digests,
                 param_sharded=pending.get("param_sharded"),
                 grad_sharded=pending.get("grad_sharded"),
                 linear=tuple(
@@ -432,60 +406,6 @@ class _Bf16Module(pl.LightningModule):
                 ),
             )
         )
-
-
-def _norm(values: list[torch.Tensor]) -> float:
-    """Global L2 norm of whole (gathered) tensors in float64, computed alike on every rank."""
-    if not values:
-        return 0.0
-    total = sum(float(v.detach().to(torch.float64).pow(2).sum()) for v in values)
-    return float(total**0.5)
-
-
-def _full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Whole values of many tensors with two collectives instead of one per DTensor.
-
-    Every rank must call it with the same tensors. DTensors sharded on dim 0 over one 1-D mesh (FSDP2's
-    layout) are gathered together as one flat buffer; anything else goes through ``_full`` one by one.
-    """
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, Shard
-
-    batched = [
-        i
-        for i, t in enumerate(tensors)
-        if isinstance(t, DTensor) and t.device_mesh.ndim == 1 and tuple(t.placements) == (Shard(0),)
-    ]
-    out = [t if i in batched else _full(t) for i, t in enumerate(tensors)]
-    if not batched:
-        return out
-    mesh = tensors[batched[0]].device_mesh  # type: ignore[attr-defined]
-    group = mesh.get_group()
-    size = dist.get_world_size(group)
-    locals_ = [tensors[i].to_local() for i in batched]  # type: ignore[attr-defined]
-    counts = torch.tensor([t.numel() for t in locals_], dtype=torch.int64)
-    all_counts = [torch.empty_like(counts) for _ in range(size)]
-    dist.all_gather(all_counts, counts, group=group)
-    dtype = locals_[0].dtype
-    if any(t.dtype != dtype for t in locals_):
-        return [_full(t) for t in tensors]
-    longest = max(int(c.sum()) for c in all_counts)
-    flat = torch.zeros(longest, dtype=dtype, device=locals_[0].device)
-    if locals_:
-        joined = torch.cat([t.reshape(-1) for t in locals_])
-        flat[: joined.numel()] = joined
-    gathered = [torch.empty_like(flat) for _ in range(size)]
-    dist.all_gather(gathered, flat, group=group)
-    offsets = [0] * size
-    for k, i in enumerate(batched):
-        shape = tuple(tensors[i].shape)
-        pieces = []
-        for r in range(size):
-            n = int(all_counts[r][k])
-            pieces.append(gathered[r][offsets[r] : offsets[r] + n])
-            offsets[r] += n
-        out[i] = torch.cat(pieces).reshape(shape)
-    return out
 
 
 def _ddp_dtype(name: str) -> str:
@@ -509,7 +429,7 @@ def _fit(
     kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
     distributed = kind in ("ddp", "fsdp")
     world_size = world.size if distributed else 1
-    kwargs = _lightning_kwargs(kind if distributed else "single", world, plan.precision)
+    kwargs = lightning_kwargs(kind if distributed else "single", world, plan.precision)
     if strategy is not None:
         kwargs["strategy"] = strategy
     rank = world.rank if distributed else 0
@@ -526,26 +446,10 @@ def _fit(
         planter=plant(plan.fault, site),
         site=site,
     )
-    clip_kwargs: dict[str, Any] = (
-        {"gradient_clip_val": ident.clip, "gradient_clip_algorithm": "norm"}
-        if module.automatic_optimization
-        else {}
-    )
-    with tempfile.TemporaryDirectory(prefix="sprite-bf16-") as root, _fp32_numerics(), _quiet_lightning():
-        trainer = pl.Trainer(
-            **kwargs,
-            **clip_kwargs,
-            max_steps=ident.steps,
-            max_epochs=1,
-            use_distributed_sampler=False,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            limit_val_batches=0,
-            default_root_dir=root,
-        )
+    with tempfile.TemporaryDirectory(prefix="sprite-bf16-") as root, fit_numerics():
+        # manual optimization (the split arms) clips in the step, through the precision plugin
+        clip = ident.clip if module.automatic_optimization else None
+        trainer = make_trainer(kwargs, root=root, max_epochs=1, max_steps=ident.steps, clip=clip)
         trainer.fit(module)
     trace = module.trace
     if len(trace.ranks) != ident.steps:
@@ -621,26 +525,10 @@ def run_bf16_distributed(
 ) -> Bf16ArmRecord:
     """ddp or fsdp on every rank (or ``strategy``); every rank returns the same record (rank 0's tensors)."""
     trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
-    per_rank = world.gather_object(_summary(trace))
-    shared = world.broadcast_object(
-        (
-            trace.trainable_names,
-            trace.frozen_names,
-            trace.initial,
-            trace.grads,
-            trace.params,
-            trace.strategy,
-            trace.tf32,
-        )
-    )
-    trace = dataclasses.replace(
+    per_rank, trace = share_from_rank0(
+        world,
         trace,
-        trainable_names=shared[0],
-        frozen_names=shared[1],
-        initial=shared[2],
-        grads=shared[3],
-        params=shared[4],
-        strategy=shared[5],
-        tf32=shared[6],
+        summary=_summary(trace),
+        shared=("trainable_names", "frozen_names", "initial", "grads", "params", "strategy", "tf32"),
     )
     return _record(plan, trace, per_rank, world.device.type, sites)

@@ -19,7 +19,15 @@ from pytest_sprite._settings import QWEN_PATH_ENV
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.constants import LORA_B_SEED, LORA_B_STD, LORA_CONFIG, NUM_CLASSES, TINY_QWEN2
 
-__all__ = ["LoraQwenClassifier", "Rows", "build_lora_qwen", "fresh_lora_qwen", "make_rows"]
+__all__ = [
+    "LoraQwenClassifier",
+    "Rows",
+    "build_lora_qwen",
+    "fresh_lora_qwen",
+    "lora_qwen_identity",
+    "lora_qwen_vocab",
+    "make_rows",
+]
 
 
 class LoraQwenClassifier(torch.nn.Module):
@@ -142,7 +150,15 @@ def build_lora_qwen(
     return model, identity
 
 
-_PRISTINE: dict[tuple[int, str | None], LoraQwenClassifier] = {}
+_PRISTINE: dict[tuple[int, str | None], tuple[LoraQwenClassifier, str]] = {}
+
+
+def _pristine(seed: int, qwen_path: str | os.PathLike[str] | None) -> tuple[LoraQwenClassifier, str]:
+    """The model as first built in this process, and its identity; never handed out, only copied."""
+    key = (seed, None if qwen_path is None else str(qwen_path))
+    if key not in _PRISTINE:
+        _PRISTINE[key] = build_lora_qwen(seed=seed, qwen_path=qwen_path)
+    return _PRISTINE[key]
 
 
 def fresh_lora_qwen(*, seed: int, qwen_path: str | os.PathLike[str] | None = None) -> LoraQwenClassifier:
@@ -152,7 +168,14 @@ def fresh_lora_qwen(*, seed: int, qwen_path: str | os.PathLike[str] | None = Non
     crash-matrix runs) copy the model instead of building it again: PEFT's adapter injection alone takes
     0.3-0.7 s per build on a 2-core machine. The global RNG is untouched either way.
     """
-    key = (seed, None if qwen_path is None else str(qwen_path))
-    if key not in _PRISTINE:
-        _PRISTINE[key] = build_lora_qwen(seed=seed, qwen_path=qwen_path)[0]
-    return copy.deepcopy(_PRISTINE[key])
+    return copy.deepcopy(_pristine(seed, qwen_path)[0])
+
+
+def lora_qwen_identity(*, seed: int, qwen_path: str | os.PathLike[str] | None = None) -> str:
+    """``build_lora_qwen``'s identity string of the model, from the same once-per-process build."""
+    return _pristine(seed, qwen_path)[1]
+
+
+def lora_qwen_vocab(*, seed: int, qwen_path: str | os.PathLike[str] | None = None) -> int:
+    """The model's vocabulary size (the range of its row tokens), without copying the model."""
+    return _pristine(seed, qwen_path)[0].vocab_size

@@ -8,226 +8,71 @@ gradient at step 0 (with zeros every lora_A gradient is exactly zero there and a
 
 By default the backbone is a tiny Qwen2 config built in memory (no download, seconds on CPU);
 ``qwen_path`` loads real weights such as Qwen2.5-0.5B through the same code.
+
+:class:`LoraQwen` is a :class:`~pytest_sprite.Recipe`: its ``run`` and ``resume_roles`` are the recipe's,
+and its model, rows and loss are picklable top-level objects, so the resume roles and the crash target
+train it in fresh processes as they train a project's own recipe.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from typing import TYPE_CHECKING, Any, Literal, overload
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_SEQ_LEN, DEFAULT_STEPS
+from pytest_sprite.recipes.constants import DEFAULT_SEQ_LEN
 from pytest_sprite.recipes.recipe import Recipe
-from pytest_sprite.records import ArmRecord, Bf16ArmRecord, ResumeRun
+from pytest_sprite.records import ArmRecord, Bf16ArmRecord
 
 if TYPE_CHECKING:
     import torch
-    from lightning.pytorch.strategies import Strategy
 
     from pytest_sprite.recipes._model import LoraQwenClassifier, Rows
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.world import World
 
-__all__ = ["LoraQwen", "lora_loss"]
+__all__ = ["LoraModel", "LoraQwen", "LoraRows", "lora_loss"]
 
 
-class LoraQwen:
-    """The ``lora_qwen`` fixture's object: the shipped :class:`Recipe` bound to the test's world, with its
-    model and rows, and ``run(arm)`` to train one arm (through ``Recipe``'s code, as a project's own model).
+@dataclass(frozen=True, kw_only=True)
+class LoraModel:
+    """lora_qwen's model factory: the seeded classifier, built once per process and copied on every call."""
 
-    Every rank of a test builds the same model from the same seed; each arm trains a fresh copy.
-    """
+    seed: int = 0
+    qwen_path: str | None = None
 
-    def __init__(
-        self,
-        *,
-        world: World,
-        qwen_path: str | os.PathLike[str] | None = None,
-        seed: int = 0,
-        seq_len: int = DEFAULT_SEQ_LEN,
-        lr: float = DEFAULT_LR,
-        artifacts: ArtifactDir | None = None,
-    ) -> None:
-        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-            raise SpriteUsageError(f"seed must be a non-negative int, got {seed!r}")
-        if not isinstance(seq_len, int) or seq_len < 1:
-            raise SpriteUsageError(f"seq_len must be a positive int, got {seq_len!r}")
-        if not lr > 0:
-            raise SpriteUsageError(f"lr must be positive, got {lr!r}")
-        self.world = world
-        self.qwen_path = qwen_path
-        self.seed = seed
-        self.seq_len = seq_len
-        self.lr = float(lr)
-        self.artifacts = artifacts
-        self._model: LoraQwenClassifier | None = None
-        self._model_id = ""
-        self.records: list[ArmRecord | Bf16ArmRecord] = []
-        """Every record this object produced, in order (for reports)."""
-        self._recipe: Recipe | None = None
+    def __call__(self) -> LoraQwenClassifier:
+        from pytest_sprite.recipes._model import fresh_lora_qwen
 
-    def build_model(self) -> LoraQwenClassifier:
-        """A fresh copy of the recipe's model (CPU, FP32, seeded), identical on every rank and every call."""
-        return copy.deepcopy(self._pristine())
+        return fresh_lora_qwen(seed=self.seed, qwen_path=self.qwen_path)
 
-    def _pristine(self) -> LoraQwenClassifier:
-        """The model as built, kept untouched: every arm trains a copy of it."""
-        if self._model is None:
-            from pytest_sprite.recipes._model import build_lora_qwen
 
-            self._model, self._model_id = build_lora_qwen(seed=self.seed, qwen_path=self.qwen_path)
-        return self._model
+@dataclass(frozen=True, kw_only=True)
+class LoraRows:
+    """lora_qwen's rows: ``rows(n)`` gives n rows ``{"input_ids", "labels"}`` (the recipe's form), and
+    ``rows(steps=, global_batch=)`` the whole run's :class:`Rows` as stacked tensors."""
 
-    @property
-    def model_id(self) -> str:
-        """Identity of the backbone: ``tiny-qwen2:<config digest>`` or the real weights' path and digest."""
-        self._pristine()
-        return self._model_id
-
-    def rows(self, *, steps: int, global_batch: int) -> Rows:
-        """The rows of a run of ``steps`` steps of ``global_batch`` rows."""
-        from pytest_sprite.recipes._model import make_rows
-
-        vocab = self._pristine().vocab_size
-        return make_rows(seed=self.seed, rows=steps * global_batch, seq_len=self.seq_len, vocab_size=vocab)
+    seed: int = 0
+    seq_len: int = DEFAULT_SEQ_LEN
+    qwen_path: str | None = None
 
     @overload
-    def run(
-        self,
-        arm: Literal["single"],
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
-    ) -> ArmRecord: ...
+    def __call__(self, n: int) -> list[dict[str, Any]]: ...
 
     @overload
-    def run(
-        self,
-        arm: Literal["ref32", "ref", "split", "split_premul"],
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
-    ) -> Bf16ArmRecord: ...
+    def __call__(self, *, steps: int, global_batch: int) -> Rows: ...
 
-    @overload
-    def run(
-        self,
-        arm: str,
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
-    ) -> ArmRecord | Bf16ArmRecord: ...
+    def __call__(
+        self, n: int | None = None, *, steps: int | None = None, global_batch: int | None = None
+    ) -> list[dict[str, Any]] | Rows:
+        from pytest_sprite.recipes._model import lora_qwen_vocab, make_rows
 
-    def run(
-        self,
-        arm: str,
-        *,
-        precision: str = "32-true",
-        steps: int = DEFAULT_STEPS,
-        clip: float = DEFAULT_CLIP,
-        global_batch: int | None = None,
-        accumulate: int = 1,
-        fault: str | None = None,
-        strategy: Strategy | None = None,
-    ) -> ArmRecord | Bf16ArmRecord:
-        """Train one arm and return its record, the same on every rank (through :meth:`Recipe.run`'s code).
-
-        FP32 parity (``precision="32-true"``, an :class:`ArmRecord`): ``single`` trains the full global batch
-        on one device (rank 0; the other ranks wait and receive the record); ``ddp`` and ``fsdp`` run the
-        code-under-test strategies on every rank of the test, or ``strategy`` when given (a fresh Lightning
-        strategy object per call). The default global batch is 2 x the test's world size; each optimizer
-        step trains ``accumulate`` micro-batches per rank.
-
-        BF16 criterion v2 (``precision="bf16-mixed"``, a :class:`Bf16ArmRecord` for ``assert_criterion_v2``):
-        the arms ``ref32`` (FP32, TF32 off; it runs FP32 whatever the run's precision), ``ref``, ``split``
-        and ``split_premul`` on one device (rank 0, shared), and ``ddp`` and ``fsdp`` on every rank.
-        """
-        from pytest_sprite.recipes.recipe import run_recipe
-
-        record = run_recipe(
-            self.recipe,
-            world=self.world,
-            arm=arm,
-            precision=precision,
-            steps=steps,
-            clip=clip,
-            global_batch=global_batch,
-            accumulate=accumulate,
-            fault=fault,
-            strategy=strategy,
-            artifacts=self.artifacts,
-            model_id=self.model_id,
-            seq_len=self.seq_len,
-        )
-        self.records.append(record)
-        return record
-
-    def resume_roles(
-        self,
-        *,
-        strategy: str,
-        precision: str = "32-true",
-        reshard: bool = False,
-        export: bool | None = None,
-        fault: str | None = None,
-        directory: str | os.PathLike[str] | None = None,
-    ) -> ResumeRun:
-        """Every role of the checkpoint resume check, each in its own sub-world (``assert_resume_bitexact``).
-
-        The seed's Checkpoints recipe on this model and seed: AdamW, a per-step LR schedule, global-norm
-        clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks. Call it on every rank. Rank 0
-        stores the run (``resume-run.pt``) under this object's artifact directory, else beside the checkpoints.
-        """
-        from pytest_sprite.recipes.resume import resume_roles
-
-        return resume_roles(
-            self,
-            strategy=strategy,
-            precision=precision,
-            reshard=reshard,
-            export=export,
-            fault=fault,
-            directory=directory,
-            world=self.world,
-            artifacts=self.artifacts,
-        )
-
-    @property
-    def recipe(self) -> Recipe:
-        """This object as a :class:`Recipe`: the shipped recipe, run through the same code as a project's own."""
-        if self._recipe is None:
-            self._recipe = Recipe(
-                name="lora_qwen",
-                model=self.build_model,
-                rows=self._recipe_rows,
-                loss=lora_loss,
-                backbone="backbone",
-                seed=self.seed,
-                lr=self.lr,
-            )
-        return self._recipe
-
-    def _recipe_rows(self, n: int) -> list[dict[str, Any]]:
-        vocab = self._pristine().vocab_size
-        from pytest_sprite.recipes._model import make_rows
-
-        rows = make_rows(seed=self.seed, rows=n, seq_len=self.seq_len, vocab_size=vocab)
+        count = n if n is not None else int(steps or 0) * int(global_batch or 0)
+        vocab = lora_qwen_vocab(seed=self.seed, qwen_path=self.qwen_path)
+        rows = make_rows(seed=self.seed, rows=count, seq_len=self.seq_len, vocab_size=vocab)
+        if n is None:
+            return rows
         return [{"input_ids": rows.input_ids[i], "labels": rows.labels[i]} for i in range(n)]
 
 
@@ -237,3 +82,83 @@ def lora_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
 
     logits = model(batch["input_ids"])
     return F.cross_entropy(logits.float(), batch["labels"])
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LoraQwen(Recipe):
+    """The ``lora_qwen`` fixture's object: the shipped :class:`Recipe`, bound to the test's world.
+
+    ``run(arm)`` trains one arm and ``resume_roles(...)`` runs the resume check through ``Recipe``'s code,
+    as for a project's own model. Every rank of a test builds the same model from the same seed; each arm
+    trains a fresh copy. Pickled (for a role in fresh processes) it travels without its world, artifacts
+    and records, which belong to the test that made it.
+    """
+
+    name: str = field(default="lora_qwen", init=False)
+    model: LoraModel = field(init=False)
+    rows: LoraRows = field(init=False)
+    loss: Any = field(init=False)
+    backbone: str | None = field(default="backbone", init=False)
+    world: World | None = None
+    """The test's world; None: the running test's, as for any recipe."""
+    qwen_path: str | os.PathLike[str] | None = None
+    """Real Qwen2 weights (a ``save_pretrained`` directory), or None for the tiny in-memory model."""
+    seq_len: int = DEFAULT_SEQ_LEN
+    """Tokens per row."""
+    artifacts: ArtifactDir | None = None
+    """Where rank 0 writes every record (``--sprite-artifacts``), or None."""
+    records: list[ArmRecord | Bf16ArmRecord] = field(default_factory=list, init=False)
+    """Every record this object produced, in order (for reports)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise SpriteUsageError(f"seed must be a non-negative int, got {self.seed!r}")
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise SpriteUsageError(f"seq_len must be a positive int, got {self.seq_len!r}")
+        if not self.lr > 0:
+            raise SpriteUsageError(f"lr must be positive, got {self.lr!r}")
+        path = None if self.qwen_path is None else str(self.qwen_path)
+        object.__setattr__(self, "lr", float(self.lr))
+        object.__setattr__(self, "model", LoraModel(seed=self.seed, qwen_path=path))
+        object.__setattr__(self, "rows", LoraRows(seed=self.seed, seq_len=self.seq_len, qwen_path=path))
+        object.__setattr__(self, "loss", lora_loss)
+        super().__post_init__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        path = None if self.qwen_path is None else str(self.qwen_path)
+        return (_portable_lora_qwen, (self.seed, path, self.seq_len, self.lr))
+
+    def build_model(self) -> LoraQwenClassifier:
+        """A fresh copy of the recipe's model (CPU, FP32, seeded), identical on every rank and every call."""
+        return self.model()
+
+    @property
+    def model_id(self) -> str:
+        """Identity of the backbone: ``tiny-qwen2:<config digest>`` or the real weights' path and digest."""
+        from pytest_sprite.recipes._model import lora_qwen_identity
+
+        return lora_qwen_identity(seed=self.seed, qwen_path=self.model.qwen_path)
+
+    @property
+    def recipe(self) -> Recipe:
+        """This object as a :class:`Recipe` (it is one): the shipped recipe, run through a project's code."""
+        return self
+
+    # --- what a bound recipe changes in Recipe's run -------------------------------------------------
+
+    def _bound_world(self) -> World | None:
+        return self.world if self.world is not None else super()._bound_world()
+
+    def _artifacts(self, *, resume: bool) -> ArtifactDir | None:
+        return self.artifacts
+
+    def _identity(self, model: torch.nn.Module) -> tuple[str, int]:
+        return self.model_id, self.seq_len
+
+    def _keep(self, record: ArmRecord | Bf16ArmRecord) -> None:
+        self.records.append(record)
+
+
+def _portable_lora_qwen(seed: int, qwen_path: str | None, seq_len: int, lr: float) -> LoraQwen:
+    """A pickled :class:`LoraQwen`, rebuilt in another process without the world it was bound to."""
+    return LoraQwen(seed=seed, qwen_path=qwen_path, seq_len=seq_len, lr=lr)

@@ -13,24 +13,30 @@ controller imports at collection. The model is built and the rows drawn only whe
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pytest_sprite._results import progress
 from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import PlantSite, get_fault
 from pytest_sprite.recipes._shard import default_shard
+from pytest_sprite.recipes.arm_request import FAULT_NEEDS, ArmRequest
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_STEPS
+from pytest_sprite.recipes.resolve import (
+    RecipeData,
+    adapter_tensor,
+    backbone_module,
+    build_model,
+    check_same_model_everywhere,
+    describe,
+    draw_rows,
+    linear_sites,
+    model_identity,
+)
 from pytest_sprite.records import (
-    ARMS,
-    BF16_ARMS,
     BF16_PRECISION,
-    BF16_SINGLE_DEVICE_ARMS,
     DISTRIBUTED_ARMS,
     FP32_PRECISION,
     ArmRecord,
@@ -44,31 +50,12 @@ if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
     from torch.distributed.device_mesh import DeviceMesh
 
-    from pytest_sprite.recipes._arm import ArmRecipe
     from pytest_sprite.recipes._bf16_arm import Bf16Sites
     from pytest_sprite.recipes.artifacts import ArtifactDir
+    from pytest_sprite.recipes.fit_kit import ArmRecipe
     from pytest_sprite.world import World
 
-__all__ = ["FAULT_NEEDS", "Recipe", "RecipeData", "default_shard", "run_recipe"]
-
-FAULT_NEEDS: Final[Mapping[str, str]] = {"fp32-backbone": "backbone"}
-"""Faults that need something only the recipe can name: fault -> the :class:`Recipe` field it reads.
-
-``local-adapter`` needs a tensor too, but every model has one to offer: without ``adapter=`` it is the
-first trainable tensor, as the issue asks; ``fp32-backbone`` has no such default and is refused by name.
-"""
-
-_USED_STRATEGIES: weakref.WeakSet[Any] = weakref.WeakSet()
-"""Strategy objects an arm has run with: Lightning strategies keep state from their fit."""
-
-
-def _describe(value: object) -> str:
-    """What was given, for error messages: ``<function rows>``, ``<class MLP>``, ``3 (int)``."""
-    if isinstance(value, type):
-        return f"<class {value.__qualname__}>"
-    if callable(value):
-        return f"<{type(value).__name__} {getattr(value, '__qualname__', repr(value))}>"
-    return f"{value!r} ({type(value).__name__})"
+__all__ = ["FAULT_NEEDS", "Recipe", "RecipeData", "default_shard", "linear_sites", "run_recipe"]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -109,7 +96,7 @@ class Recipe:
     def __post_init__(self) -> None:
         problems: list[str] = []
         if not isinstance(self.name, str) or not self.name.strip():
-            problems.append(f"name must be a non-empty str, got {_describe(self.name)}")
+            problems.append(f"name must be a non-empty str, got {describe(self.name)}")
         for field_name, what in (
             ("model", "a callable that builds an nn.Module (e.g. the module's class)"),
             ("rows", "a callable rows(n) returning n rows"),
@@ -117,7 +104,7 @@ class Recipe:
         ):
             value = getattr(self, field_name)
             if not callable(value):
-                problems.append(f"{field_name} must be {what}, got {_describe(value)}")
+                problems.append(f"{field_name} must be {what}, got {describe(value)}")
             elif field_name == "model" and not isinstance(value, type) and hasattr(value, "named_parameters"):
                 # A module instance is callable too, but every arm must train a fresh copy built after seeding.
                 problems.append(
@@ -126,7 +113,7 @@ class Recipe:
                 )
         if self.shard is not None and not callable(self.shard):
             problems.append(
-                f"shard must be a callable shard(model, mesh) or None, got {_describe(self.shard)}"
+                f"shard must be a callable shard(model, mesh) or None, got {describe(self.shard)}"
             )
         if self.linear_sites is not None and (
             isinstance(self.linear_sites, str)
@@ -135,16 +122,16 @@ class Recipe:
         ):
             problems.append(
                 f"linear_sites must be a sequence of module names (e.g. ('fc1', 'head')) or None, "
-                f"got {_describe(self.linear_sites)}"
+                f"got {describe(self.linear_sites)}"
             )
         for field_name in ("backbone", "adapter"):
             value = getattr(self, field_name)
             if value is not None and (not isinstance(value, str) or not value):
-                problems.append(f"{field_name} must be a non-empty name or None, got {_describe(value)}")
+                problems.append(f"{field_name} must be a non-empty name or None, got {describe(value)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            problems.append(f"seed must be a non-negative int, got {_describe(self.seed)}")
+            problems.append(f"seed must be a non-negative int, got {describe(self.seed)}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            problems.append(f"lr must be a positive number, got {_describe(self.lr)}")
+            problems.append(f"lr must be a positive number, got {describe(self.lr)}")
         if problems:
             raise SpriteUsageError("Recipe(...): " + "; ".join(problems))
 
@@ -211,14 +198,7 @@ class Recipe:
         a :class:`Bf16ArmRecord`): ``ref32``, ``ref``, ``split`` and ``split_premul`` on one device, ``ddp``
         and ``fsdp`` on every rank.
         """
-        from pytest_sprite.world import current_world
-
-        world = current_world()
-        if world is None:
-            world = _world_of_one()
-        return run_recipe(
-            self,
-            world=world,
+        request = ArmRequest(
             arm=arm,
             precision=precision,
             steps=steps,
@@ -228,6 +208,15 @@ class Recipe:
             fault=fault,
             strategy=strategy,
         )
+        world = self._bound_world()
+        record = run_recipe(
+            self,
+            world=world if world is not None else _world_of_one(),
+            request=request,
+            artifacts=self._artifacts(resume=False),
+        )
+        self._keep(record)
+        return record
 
     def resume_roles(
         self,
@@ -251,9 +240,8 @@ class Recipe:
         import pickle
 
         from pytest_sprite.recipes.resume import resume_roles
-        from pytest_sprite.world import current_world
 
-        world = current_world()
+        world = self._bound_world()
         try:
             pickle.dumps(self)
         except Exception as exc:
@@ -275,9 +263,27 @@ class Recipe:
             fault=fault,
             directory=directory,
             world=world,
-            source=self,
-            artifacts=_test_artifacts(),
+            artifacts=self._artifacts(resume=True),
         )
+
+    # --- what a recipe bound to a test (the lora_qwen fixture's) changes ------------------------------
+
+    def _bound_world(self) -> World | None:
+        """The world an arm or the resume check runs on: the running test's, None without the ranks marker."""
+        from pytest_sprite.world import current_world
+
+        return current_world()
+
+    def _artifacts(self, *, resume: bool) -> ArtifactDir | None:
+        """Where rank 0 stores what a run made: the test's ``--sprite-artifacts`` for a resume run only."""
+        return _test_artifacts() if resume else None
+
+    def _identity(self, model: torch.nn.Module) -> tuple[str, int]:
+        """The model and row length a record names: the model's structure digest, and 0 tokens."""
+        return model_identity(self, model), 0
+
+    def _keep(self, record: ArmRecord | Bf16ArmRecord) -> None:
+        """Called with every record ``run`` returns (the lora_qwen fixture keeps them for reports)."""
 
 
 def _test_artifacts() -> ArtifactDir | None:
@@ -299,287 +305,34 @@ def _world_of_one() -> World:
 
 
 # -------------------------------------------------------------------------------------------------------
-# what the arms need from a recipe, resolved against a built model
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class RecipeData:
-    """One run's rows (a sequence of rows) and their digest, checked deterministic and equal on every rank."""
-
-    rows: Sequence[Any]
-    """The run's rows, row ``i`` trained at step ``i // global_batch``."""
-    digest: str
-    """SHA-256 over every tensor of ``default_collate(rows)``, in order."""
-
-
-def rows_digest(rows: Sequence[Any]) -> str:
-    """SHA-256 over the bytes of every leaf of ``default_collate(rows)``: equal digests, equal rows.
-
-    For ``lora_qwen`` (rows of ``input_ids`` and ``labels``) it is the digest its rows always had.
-    """
-    from torch.utils.data import default_collate
-
-    h = hashlib.sha256()
-    _hash_leaves(h, default_collate(list(rows)))
-    return h.hexdigest()
-
-
-def _hash_leaves(h: Any, value: Any) -> None:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        t = value.detach().to("cpu").contiguous()
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, Mapping):
-        for key in value:
-            _hash_leaves(h, value[key])
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _hash_leaves(h, item)
-    else:
-        h.update(repr(value).encode())
-
-
-def draw_rows(recipe: Recipe, n: int, world: World) -> RecipeData:
-    """``recipe.rows(n)``, refused unless a second call gives the same rows and every rank has them too.
-
-    Both calls run back to back with the global RNG as the test left it (restored afterwards), so rows
-    drawn from the global RNG, which differ on a second call, are refused instead of silently reseeded.
-    """
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        first = _call_rows(recipe, n)
-        second = _call_rows(recipe, n)
-    digest, again = rows_digest(first), rows_digest(second)
-    if digest != again:
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: rows({n}) is not deterministic: a second call returned different rows "
-            f"(digest {digest[:12]} then {again[:12]}). Every arm and rank must train the same rows: draw them "
-            "from a seeded torch.Generator (torch.Generator().manual_seed(7)), not from the global RNG"
-        )
-    if world.distributed:
-        digests = world.gather_object(digest)
-        if len(set(digests)) > 1:
-            raise SpriteUsageError(
-                f"recipe {recipe.name!r}: rows({n}) differs between ranks (digests by rank: "
-                f"{', '.join(d[:12] for d in digests)}); rows must not depend on the rank or the process"
-            )
-    return RecipeData(rows=first, digest=digest)
-
-
-def _call_rows(recipe: Recipe, n: int) -> Sequence[Any]:
-    rows = recipe.rows(n)
-    if not isinstance(rows, Sequence) and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: rows({n}) must return a sequence of {n} rows, got {_describe(rows)}"
-        )
-    if len(rows) != n:
-        raise SpriteUsageError(f"recipe {recipe.name!r}: rows({n}) returned {len(rows)} rows, not {n}")
-    return rows
-
-
-def build_model(recipe: Recipe) -> torch.nn.Module:
-    """``recipe.model()`` after ``torch.manual_seed(recipe.seed)``, the global RNG restored afterwards."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(recipe.seed)
-        model = recipe.model()
-    if not isinstance(model, torch.nn.Module):
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: model() must return a torch.nn.Module, got {_describe(model)}"
-        )
-    if not any(p.requires_grad for p in model.parameters()):
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: model() built a {type(model).__name__} without a trainable parameter; "
-            "every parameter has requires_grad=False, so no arm would train anything"
-        )
-    model.train()
-    return model
-
-
-def model_identity(recipe: Recipe, model: torch.nn.Module) -> str:
-    """``<name>:<digest>`` of the model's class and parameter names, shapes and dtypes (its structure)."""
-    h = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
-    for name, p in model.named_parameters():
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad};".encode())
-    return f"{recipe.name}:{h.hexdigest()[:16]}"
-
-
-def check_same_model_everywhere(recipe: Recipe, model: torch.nn.Module, world: World) -> None:
-    """Refuse a model whose initial weights differ between ranks (it drew from something not seeded)."""
-    if not world.distributed:
-        return
-    from pytest_sprite.records import tensor_digest
-
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(f"{name}:{tensor_digest(p.detach())};".encode())
-    digests = world.gather_object(h.hexdigest())
-    if len(set(digests)) > 1:
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: model() built different initial weights on different ranks (digests "
-            f"by rank: {', '.join(d[:12] for d in digests)}); the harness seeds torch before calling it, so "
-            "draw every initial weight from torch's RNG (or a seeded generator), never from the process or rank"
-        )
-
-
-def linear_sites(recipe: Recipe, model: torch.nn.Module) -> dict[str, str]:
-    """Module name -> kind of every Linear site criterion v2 watches.
-
-    The kind is what the site is to the recipe: ``lora_A`` / ``lora_B`` inside a LoRA adapter, ``backbone``
-    under the recipe's backbone module, ``head`` elsewhere when there is a backbone, else ``linear``.
-    """
-    import torch
-
-    modules = dict(model.named_modules())
-    if recipe.linear_sites is None:
-        names = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear)]
-    else:
-        missing = [s for s in recipe.linear_sites if s not in modules]
-        if missing:
-            raise SpriteUsageError(
-                f"recipe {recipe.name!r}: linear_sites names modules its model lacks: {', '.join(missing[:4])}; "
-                f"its Linear modules: {', '.join(n for n, m in modules.items() if isinstance(m, torch.nn.Linear))}"
-            )
-        names = list(recipe.linear_sites)
-    return {n: _site_kind(n, recipe.backbone) for n in names}
-
-
-def _site_kind(name: str, backbone: str | None) -> str:
-    parts = name.split(".")
-    for kind in ("lora_A", "lora_B"):
-        if kind in parts:
-            return kind
-    if backbone is None:
-        return "linear"
-    return "backbone" if name == backbone or name.startswith(backbone + ".") else "head"
-
-
-def backbone_module(recipe: Recipe, model: torch.nn.Module, fault: str) -> str:
-    """The module ``fault`` runs outside autocast; refused by name when the recipe names none or a wrong one."""
-    if recipe.backbone is None:
-        raise SpriteUsageError(
-            f"fault {fault!r} runs the recipe's backbone outside autocast, but recipe {recipe.name!r} names no "
-            "backbone; pass Recipe(backbone='<module name>'), e.g. backbone='encoder'"
-        )
-    modules = dict(model.named_modules())
-    if recipe.backbone not in modules:
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: backbone={recipe.backbone!r} is not a module of its model; modules: "
-            f"{', '.join(n for n in modules if n and '.' not in n)}"
-        )
-    return recipe.backbone
-
-
-def adapter_tensor(recipe: Recipe, model: torch.nn.Module) -> str:
-    """The trainable tensor ``local-adapter`` leaves unsynchronized: ``adapter`` or the first trainable one."""
-    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    if recipe.adapter is None:
-        return trainable[0]
-    if recipe.adapter not in trainable:
-        raise SpriteUsageError(
-            f"recipe {recipe.name!r}: adapter={recipe.adapter!r} is not a trainable parameter of its model; "
-            f"trainable parameters: {', '.join(trainable[:8])}{', ...' if len(trainable) > 8 else ''}"
-        )
-    return recipe.adapter
-
-
-# -------------------------------------------------------------------------------------------------------
 # one arm
 
 
 def run_recipe(
-    recipe: Recipe,
-    *,
-    world: World,
-    arm: str,
-    precision: str = FP32_PRECISION,
-    steps: int = DEFAULT_STEPS,
-    clip: float = DEFAULT_CLIP,
-    global_batch: int | None = None,
-    accumulate: int = 1,
-    fault: str | None = None,
-    strategy: Strategy | None = None,
-    artifacts: ArtifactDir | None = None,
-    model_id: str | None = None,
-    seq_len: int = 0,
+    recipe: Recipe, *, world: World, request: ArmRequest, artifacts: ArtifactDir | None = None
 ) -> ArmRecord | Bf16ArmRecord:
     """Train one arm of ``recipe`` on ``world`` and return its record, identical on every rank.
 
     FP32 parity arms (single, ddp, fsdp at ``32-true``) give an :class:`ArmRecord`; criterion v2's arms
-    (ref32, ref, split, split_premul, and ddp/fsdp at ``bf16-mixed``) a :class:`Bf16ArmRecord`.
-    ``model_id`` and ``seq_len`` name the model and the row length in the record's identity (``lora_qwen``
-    gives its backbone's identity and its token count; a plain recipe gets its structure digest and 0).
-    With ``artifacts`` rank 0 writes the record under it.
+    (ref32, ref, split, split_premul, and ddp/fsdp at ``bf16-mixed``) a :class:`Bf16ArmRecord`. The
+    record's identity names the model and row length ``recipe._identity`` gives (``lora_qwen``: its
+    backbone's identity and its token count; a plain recipe: its structure digest and 0). With
+    ``artifacts`` rank 0 writes the record under it.
     """
-    bf16 = arm in BF16_ARMS and (arm in BF16_SINGLE_DEVICE_ARMS or is_bf16(precision))
-    if bf16:
-        global_batch = check_bf16_run(
-            recipe, world, arm, precision, steps, clip, global_batch, accumulate, fault, strategy
-        )
-    else:
-        global_batch = check_run(
-            recipe, world, arm, steps, clip, global_batch, accumulate, fault, strategy, precision
-        )
-    data = draw_rows(recipe, steps * global_batch, world)
-    probe = build_model(recipe)
-    check_same_model_everywhere(recipe, probe, world)
-    if fault is not None and fault in FAULT_NEEDS:
-        backbone_module(recipe, probe, fault)
-    identity = RecipeIdentity(
-        model=model_id if model_id is not None else model_identity(recipe, probe),
-        seed=recipe.seed,
-        rows=steps * global_batch,
-        rows_digest=data.digest,
-        seq_len=seq_len,
-        steps=steps,
-        global_batch=global_batch,
-        lr=float(recipe.lr),
-        clip=float(clip),
-    )
-    from pytest_sprite.recipes import _arm
-
-    calls = _arm.ArmRecipe(
-        name=recipe.name, loss=recipe.loss, shard=recipe.shard if recipe.shard is not None else default_shard
-    )
-    if bf16:
-        sites = _bf16_sites(recipe, probe)
-    del probe
+    request = request.checked(recipe, world)
+    arm = _ready_arm(recipe, request, world)
     target = None
     if artifacts is not None:
-        target = world.run_on_rank(0, artifacts.next_arm_dir, arm=arm, accumulate=accumulate, fault=fault)
+        target = world.run_on_rank(
+            0, artifacts.next_arm_dir, arm=request.arm, accumulate=request.accumulate, fault=request.fault
+        )
     progress(
-        f"arm {arm}, {precision}"
-        + (f", accumulate {accumulate}" if accumulate != 1 else "")
-        + (f", fault {fault}" if fault else "")
+        f"arm {request.arm}, {request.precision}"
+        + (f", accumulate {request.accumulate}" if request.accumulate != 1 else "")
+        + (f", fault {request.fault}" if request.fault else "")
     )
     start = perf_counter()
-    record: ArmRecord | Bf16ArmRecord
-    if bf16:
-        record = _run_bf16(recipe, calls, sites, world, arm, precision, identity, fault, strategy, data.rows)
-    else:
-        plan = _arm.ArmPlan(
-            arm=arm, identity=identity, precision=precision, accumulate=accumulate, fault=fault
-        )
-        if arm == "single":
-            record = world.run_on_rank(
-                0,
-                lambda: _arm.run_single(
-                    plan,
-                    recipe=calls,
-                    model=build_model(recipe),
-                    rows=data.rows,
-                    world=world,
-                    strategy=strategy,
-                ),
-            )
-        else:
-            record = _arm.run_distributed(
-                plan, recipe=calls, model=build_model(recipe), rows=data.rows, world=world, strategy=strategy
-            )
+    record = _train(recipe, request, arm, world)
     # Rank 0's wall time, so the record stays identical on every rank.
     elapsed = world.broadcast_object(perf_counter() - start)
     record = dataclasses.replace(record, wall_s=elapsed)
@@ -587,6 +340,79 @@ def run_recipe(
         world.run_on_rank(0, artifacts.write, target, record)
         record = dataclasses.replace(record, source=str(target))
     return record
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _ReadyArm:
+    """What an arm trains, resolved and checked on every rank before it starts."""
+
+    rows: Sequence[Any]
+    identity: RecipeIdentity
+    calls: ArmRecipe
+    sites: Bf16Sites | None
+
+
+def _ready_arm(recipe: Recipe, request: ArmRequest, world: World) -> _ReadyArm:
+    """The rows, a probe model's identity and what the arm calls of the recipe (the probe is dropped)."""
+    from pytest_sprite.recipes.fit_kit import ArmRecipe
+
+    data = draw_rows(recipe, request.steps * request.batch, world)
+    probe = build_model(recipe)
+    check_same_model_everywhere(recipe, probe, world)
+    if request.fault is not None and request.fault in FAULT_NEEDS:
+        backbone_module(recipe, probe, request.fault)
+    model_id, seq_len = recipe._identity(probe)
+    identity = RecipeIdentity(
+        model=model_id,
+        seed=recipe.seed,
+        rows=request.steps * request.batch,
+        rows_digest=data.digest,
+        seq_len=seq_len,
+        steps=request.steps,
+        global_batch=request.batch,
+        lr=float(recipe.lr),
+        clip=float(request.clip),
+    )
+    calls = ArmRecipe(
+        name=recipe.name, loss=recipe.loss, shard=recipe.shard if recipe.shard is not None else default_shard
+    )
+    sites = _bf16_sites(recipe, probe) if request.bf16 else None
+    return _ReadyArm(rows=data.rows, identity=identity, calls=calls, sites=sites)
+
+
+def _train(recipe: Recipe, request: ArmRequest, ready: _ReadyArm, world: World) -> ArmRecord | Bf16ArmRecord:
+    """The arm's fit: on rank 0 for the single-device arms (the others receive its record), else everywhere."""
+    if ready.sites is not None:
+        return _run_bf16(recipe, request, ready, ready.sites, world)
+    from pytest_sprite.recipes import _arm
+
+    plan = _arm.ArmPlan(
+        arm=request.arm,
+        identity=ready.identity,
+        precision=request.precision,
+        accumulate=request.accumulate,
+        fault=request.fault,
+    )
+    if request.arm == "single":
+        return world.run_on_rank(
+            0,
+            lambda: _arm.run_single(
+                plan,
+                recipe=ready.calls,
+                model=build_model(recipe),
+                rows=ready.rows,
+                world=world,
+                strategy=request.strategy,
+            ),
+        )
+    return _arm.run_distributed(
+        plan,
+        recipe=ready.calls,
+        model=build_model(recipe),
+        rows=ready.rows,
+        world=world,
+        strategy=request.strategy,
+    )
 
 
 def _bf16_sites(recipe: Recipe, model: torch.nn.Module) -> Bf16Sites:
@@ -601,176 +427,27 @@ def _bf16_sites(recipe: Recipe, model: torch.nn.Module) -> Bf16Sites:
 
 
 def _run_bf16(
-    recipe: Recipe,
-    calls: ArmRecipe,
-    sites: Bf16Sites,
-    world: World,
-    arm: str,
-    precision: str,
-    identity: RecipeIdentity,
-    fault: str | None,
-    strategy: Strategy | None,
-    rows: Sequence[Any],
+    recipe: Recipe, request: ArmRequest, ready: _ReadyArm, sites: Bf16Sites, world: World
 ) -> Bf16ArmRecord:
     from pytest_sprite.recipes import _bf16_arm
 
-    ran = FP32_PRECISION if arm == "ref32" else BF16_PRECISION
-    plan = _bf16_arm.Bf16Plan(arm=arm, identity=identity, precision=ran, fault=fault, shards=world.size)
-    if arm in DISTRIBUTED_ARMS:
+    ran = FP32_PRECISION if request.arm == "ref32" else BF16_PRECISION
+    plan = _bf16_arm.Bf16Plan(
+        arm=request.arm, identity=ready.identity, precision=ran, fault=request.fault, shards=world.size
+    )
+    if request.arm in DISTRIBUTED_ARMS:
         return _bf16_arm.run_bf16_distributed(
             plan,
-            recipe=calls,
+            recipe=ready.calls,
             net=build_model(recipe),
-            rows=rows,
+            rows=ready.rows,
             world=world,
             sites=sites,
-            strategy=strategy,
+            strategy=request.strategy,
         )
     return world.run_on_rank(
         0,
         lambda: _bf16_arm.run_bf16_single(
-            plan, recipe=calls, net=build_model(recipe), rows=rows, world=world, sites=sites
+            plan, recipe=ready.calls, net=build_model(recipe), rows=ready.rows, world=world, sites=sites
         ),
     )
-
-
-def is_bf16(precision: object) -> bool:
-    """Whether ``precision`` names bf16-mixed, in any of Lightning's spellings ("bf16-mixed", "bf16")."""
-    return isinstance(precision, str) and precision.strip().lower() in ("bf16-mixed", "bf16")
-
-
-def check_run(
-    recipe: Recipe,
-    world: World,
-    arm: str,
-    steps: int,
-    clip: float,
-    global_batch: int | None,
-    accumulate: int,
-    fault: str | None,
-    strategy: Strategy | None,
-    precision: str,
-) -> int:
-    """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
-    if arm not in ARMS:
-        raise SpriteUsageError(
-            f"unknown arm {arm!r}; arms: {', '.join(ARMS)} (FP32 parity) and {', '.join(BF16_ARMS)} "
-            "(BF16 criterion v2, precision='bf16-mixed')"
-        )
-    for name, value in (("steps", steps), ("accumulate", accumulate)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise SpriteUsageError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(clip, (int, float)) or not clip > 0:
-        raise SpriteUsageError(
-            f"clip must be a positive number, got {clip!r}; the recipe needs an active global-norm clip"
-        )
-    if global_batch is None:
-        global_batch = 2 * world.size
-    ranks = 1 if arm == "single" else world.size
-    if not isinstance(global_batch, int) or global_batch < 1 or global_batch % (ranks * accumulate):
-        raise SpriteUsageError(
-            f"global_batch={global_batch!r} must be a positive multiple of ranks x accumulate = "
-            f"{ranks} x {accumulate} = {ranks * accumulate} for arm {arm!r}"
-        )
-    if fault is not None:
-        site = PlantSite(
-            arm=arm, rank=world.rank, world_size=ranks, accumulate=accumulate, precision=precision
-        )
-        _check_fault(recipe, fault, site)
-    if arm in DISTRIBUTED_ARMS and not world.distributed:
-        raise SpriteUsageError(
-            f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n); this test runs on one "
-            "process without a process group"
-        )
-    if strategy is not None:
-        from lightning.pytorch.strategies import Strategy
-
-        if not isinstance(strategy, Strategy):
-            raise SpriteUsageError(
-                f"strategy= must be a Lightning Strategy object, got {type(strategy).__name__}; "
-                "pass for example MyDDPStrategy() (a fresh object per run)"
-            )
-        if strategy in _USED_STRATEGIES:
-            raise SpriteUsageError(
-                f"strategy= got a {type(strategy).__name__} object that an earlier arm already ran with; "
-                "Lightning strategies keep state from their fit, so pass a fresh object per run"
-            )
-        _USED_STRATEGIES.add(strategy)
-    return global_batch
-
-
-def check_bf16_run(
-    recipe: Recipe,
-    world: World,
-    arm: str,
-    precision: str,
-    steps: int,
-    clip: float,
-    global_batch: int | None,
-    accumulate: int,
-    fault: str | None,
-    strategy: Strategy | None,
-) -> int:
-    """Refuse bad arguments for one of criterion v2's arms; return the global batch to use."""
-    if arm != "ref32" and not is_bf16(precision):
-        raise SpriteUsageError(
-            f"arm {arm!r} is a BF16 arm of criterion v2 and runs precision='bf16-mixed', got {precision!r}; "
-            f'pass precision="bf16-mixed" (ref32 is its FP32 reference and runs FP32 either way)'
-        )
-    if arm == "ref32" and not (is_bf16(precision) or precision == FP32_PRECISION):
-        raise SpriteUsageError(
-            f"arm 'ref32' is criterion v2's FP32 reference; pass precision='bf16-mixed' (the run's precision) "
-            f"or '32-true', got {precision!r}"
-        )
-    if accumulate != 1:
-        raise SpriteUsageError(
-            f"the BF16 arms take no accumulate= (got {accumulate}): criterion v2 trains one shard per rank "
-            "and step, and loss/N accumulation would change BF16 backward rounding"
-        )
-    if strategy is not None and arm not in DISTRIBUTED_ARMS:
-        raise SpriteUsageError(f"strategy= applies to the ddp and fsdp arms, not {arm!r}")
-    n = world.size
-    ran = FP32_PRECISION if arm == "ref32" else BF16_PRECISION
-    if arm in DISTRIBUTED_ARMS and n < 2:
-        raise SpriteUsageError(
-            f"arm {arm!r} needs the ranks of a test marked @pytest.mark.ranks(n) with n >= 2; this test runs "
-            f"on {n} process"
-        )
-    global_batch = check_run(
-        recipe,
-        world,
-        "ddp" if arm in DISTRIBUTED_ARMS else "single",
-        steps,
-        clip,
-        global_batch,
-        1,
-        None,
-        strategy,
-        ran,
-    )
-    if global_batch % n:
-        raise SpriteUsageError(
-            f"global_batch={global_batch} must be a multiple of the world size {n}: every BF16 arm trains "
-            f"(or, on one device, emulates) the {n} rank shards"
-        )
-    if fault is not None:
-        site = PlantSite(
-            arm=arm,
-            rank=world.rank,
-            world_size=n if arm in DISTRIBUTED_ARMS else 1,
-            accumulate=1,
-            precision=ran,
-        )
-        _check_fault(recipe, fault, site)
-    return global_batch
-
-
-def _check_fault(recipe: Recipe, fault: str, site: PlantSite) -> None:
-    """The registry's refusals, then the recipe's: a fault needing what the recipe lacks is refused by name."""
-    get_fault(fault).check(site)
-    need = FAULT_NEEDS.get(fault)
-    if need is not None and getattr(recipe, need) is None:
-        raise SpriteUsageError(
-            f"fault {fault!r} needs the recipe's {need} module, and recipe {recipe.name!r} names none; "
-            f"pass Recipe({need}='<module name>') to plant it"
-        )

@@ -12,20 +12,23 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.records import ResumeRun, RoleRecord
+from pytest_sprite.recipes.resume_spec import RESUME_FAULTS, STRATEGIES, ResumeRecipe, RoleSpec
+from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
 from pytest_sprite.subworld import KillAt, SubworldError, SubworldResult, run_subworld
 from pytest_sprite.world import World
 
 if TYPE_CHECKING:
     from pytest_sprite.recipes.artifacts import ArtifactDir
+    from pytest_sprite.recipes.recipe import Recipe
 
 T = TypeVar("T")
 
-__all__ = ["EXPORTED", "PRECISIONS", "RESHARDED", "resume_roles", "run_resume_roles"]
+__all__ = ["EXPORTED", "PRECISIONS", "RESHARDED", "records_from_events", "resume_roles", "run_resume_roles"]
 
 RESHARDED: tuple[str, ...] = ("fsdp",)
 """Strategies whose checkpoint also resumes at half the world size (torch.distributed.checkpoint reshards)."""
@@ -36,8 +39,6 @@ PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
 
 
 def _records(result: SubworldResult, *, killed: bool, directory: Path) -> tuple[RoleRecord, ...]:
-    from pytest_sprite.recipes._resume import records_from_events
-
     written = tuple(sorted(p.name for p in directory.glob("*.ckpt"))) if directory.is_dir() else ()
     return tuple(
         records_from_events(list(o.events), killed=killed and o.status == "killed", checkpoints=written)
@@ -46,7 +47,7 @@ def _records(result: SubworldResult, *, killed: bool, directory: Path) -> tuple[
 
 
 def run_resume_roles(
-    recipe: Any,
+    recipe: ResumeRecipe,
     *,
     strategy: str,
     precision: str,
@@ -59,12 +60,49 @@ def run_resume_roles(
 ) -> ResumeRun:
     """Run every role of one check in sub-worlds of ``ranks`` processes; call it on every rank of the test.
 
-    ``recipe`` is a :class:`~pytest_sprite.recipes._resume.ResumeRecipe`. Checkpoints go under
+    ``recipe`` is a :class:`~pytest_sprite.recipes.resume_spec.ResumeRecipe`. Checkpoints go under
     ``directory`` (one subdirectory per role), which every rank must see. ``export`` defaults to True for
     the strategies whose checkpoint is one file (ddp, fsdp_file).
     """
-    from pytest_sprite.recipes._resume import RoleSpec, run_role
+    export, n = _check_plan(strategy, ranks=ranks, reshard=reshard, export=export)
+    roles = _Roles(
+        recipe=recipe, strategy=strategy, precision=precision, root=Path(directory), timeout=timeout
+    )
+    roles.run("fit", n)
+    roles.run("twin", n)
+    kill_step = recipe.steps_per_epoch + 1
+    killed = roles.run("killed", n, kill=KillAt(event="step", at=kill_step))
+    if killed.killed() != list(range(n)):
+        raise SubworldError(
+            f"the killed role should have died at step {kill_step} on every rank, one step past its epoch-1 "
+            f"checkpoint:\n{killed.report()}",
+            killed,
+        )
+    checkpoint = str(roles.root / "killed" / "epoch=0.ckpt")
+    roles.run("resume", n, resume_from=checkpoint, fault=fault)
+    final = str(roles.root / "resume" / f"epoch={recipe.epochs - 1}.ckpt")
+    roles.run("reload", n, resume_from=final, max_epochs=recipe.epochs + 1, stop_after_restore=True)
+    if reshard:
+        roles.run("reshard", n // 2, resume_from=checkpoint)
+    if export:
+        roles.run("export", 1, strategy="single", resume_from=checkpoint)
+    return ResumeRun(
+        strategy=strategy,
+        precision=precision,
+        ranks=n,
+        global_batch=recipe.global_batch,
+        steps_per_epoch=recipe.steps_per_epoch,
+        epochs=recipe.epochs,
+        fault=fault,
+        roles=roles.records,
+        timings=roles.timings,
+        device_type=_device_type(roles.records["fit"][0]),
+        directory=str(roles.root),
+    )
 
+
+def _check_plan(strategy: str, *, ranks: int, reshard: bool, export: bool | None) -> tuple[bool, int]:
+    """Refuse a reshard or export the strategy's checkpoint cannot do; return ``export`` and the role size."""
     if reshard and strategy not in RESHARDED:
         raise SpriteUsageError(
             f"reshard=True resumes a sharded checkpoint at half the world; strategy {strategy!r} writes no "
@@ -82,60 +120,41 @@ def run_resume_roles(
         raise SpriteUsageError(
             f"reshard=True resumes at half the world: {n} ranks do not halve; run the test on an even number"
         )
-    root = Path(directory)
-    roles: dict[str, tuple[RoleRecord, ...]] = {}
-    timings: dict[str, tuple[float, float]] = {}
+    return export, n
 
-    def run(role: str, size: int, *, kill: KillAt | None = None, **spec_fields: Any) -> SubworldResult:
+
+@dataclass(kw_only=True)
+class _Roles:
+    """The roles of one check run so far: each in its own sub-world, under ``root / <role>``."""
+
+    recipe: ResumeRecipe
+    strategy: str
+    precision: str
+    root: Path
+    timeout: float
+    records: dict[str, tuple[RoleRecord, ...]] = field(default_factory=dict)
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def run(self, role: str, size: int, *, kill: KillAt | None = None, **spec_fields: Any) -> SubworldResult:
+        """Run ``role`` on ``size`` ranks (killed at ``kill``); a role that must finish and does not fails."""
+        from pytest_sprite.recipes._resume import run_role
+
         spec = RoleSpec(
             role=role,
-            strategy=spec_fields.pop("strategy", strategy),
-            precision=precision,
-            recipe=recipe,
-            directory=str(root / role),
+            strategy=spec_fields.pop("strategy", self.strategy),
+            precision=self.precision,
+            recipe=self.recipe,
+            directory=str(self.root / role),
             **spec_fields,
         )
-        result = run_subworld(run_role, args=(spec,), ranks=size, kill=kill, timeout=timeout)
-        timings[role] = (result.wall_s, result.start_s)
+        result = run_subworld(run_role, args=(spec,), ranks=size, kill=kill, timeout=self.timeout)
+        self.timings[role] = (result.wall_s, result.start_s)
         if kill is None and not result.ok:
             raise SubworldError(
                 f"the {role} role of the resume check did not finish:\n{result.report()}", result
             )
-        roles[role] = _records(result, killed=kill is not None, directory=root / role)
+        self.records[role] = _records(result, killed=kill is not None, directory=self.root / role)
         return result
-
-    run("fit", n)
-    run("twin", n)
-    kill_step = recipe.steps_per_epoch + 1
-    killed = run("killed", n, kill=KillAt(event="step", at=kill_step))
-    if killed.killed() != list(range(n)):
-        raise SubworldError(
-            f"the killed role should have died at step {kill_step} on every rank, one step past its epoch-1 "
-            f"checkpoint:\n{killed.report()}",
-            killed,
-        )
-    checkpoint = str(root / "killed" / "epoch=0.ckpt")
-    run("resume", n, resume_from=checkpoint, fault=fault)
-    final = str(root / "resume" / f"epoch={recipe.epochs - 1}.ckpt")
-    run("reload", n, resume_from=final, max_epochs=recipe.epochs + 1, stop_after_restore=True)
-    if reshard:
-        run("reshard", n // 2, resume_from=checkpoint)
-    if export:
-        run("export", 1, strategy="single", resume_from=checkpoint)
-    first = roles["fit"][0]
-    return ResumeRun(
-        strategy=strategy,
-        precision=precision,
-        ranks=n,
-        global_batch=recipe.global_batch,
-        steps_per_epoch=recipe.steps_per_epoch,
-        epochs=recipe.epochs,
-        fault=fault,
-        roles=roles,
-        timings=timings,
-        device_type=_device_type(first),
-        directory=str(root),
-    )
 
 
 def _device_type(record: RoleRecord) -> str:
@@ -144,7 +163,7 @@ def _device_type(record: RoleRecord) -> str:
 
 
 def resume_roles(
-    recipe: Any,
+    recipe: Recipe,
     *,
     strategy: str,
     precision: str,
@@ -153,20 +172,16 @@ def resume_roles(
     fault: str | None,
     directory: str | os.PathLike[str] | None,
     world: World | None,
-    source: Any = None,
     artifacts: ArtifactDir | None = None,
 ) -> ResumeRun:
-    """``lora_qwen.resume_roles`` / ``Recipe.resume_roles``: check the arguments, share a checkpoint
-    directory, run every role, store the run. ``source`` is a project's :class:`~pytest_sprite.Recipe` (its
-    model, rows, loss and sharding), None for lora_qwen's.
+    """``Recipe.resume_roles`` (``lora_qwen``'s too): check the arguments, share a checkpoint directory, run
+    every role on the recipe's model, rows, loss and sharding, store the run.
 
     Rank 0 stores the run as ``resume-run.pt`` (what ``assert_resume_bitexact`` lists in its manifest, so
     ``python -m pytest_sprite judge`` judges it again): with ``artifacts`` in a fresh
     ``NN-resume-<strategy>[-<fault>]`` directory claimed before any role runs (an existing one is refused,
     as an arm's is), else beside the checkpoints. The run comes back with ``source`` naming the file.
     """
-    from pytest_sprite.recipes._resume import RESUME_FAULTS, STRATEGIES, ResumeRecipe
-
     if strategy not in STRATEGIES:
         raise SpriteUsageError(
             f"assert_resume_bitexact(strategy={strategy!r}): use one of {', '.join(STRATEGIES)}"
@@ -186,13 +201,7 @@ def resume_roles(
             f"assert_resume_bitexact(strategy={strategy!r}) needs the ranks of a test marked "
             "@pytest.mark.ranks(n) with n >= 2; this test runs on one process"
         )
-    resume_recipe = ResumeRecipe(
-        source=source,
-        seed=int(getattr(recipe, "seed", 0)),
-        qwen_path=str(recipe.qwen_path) if getattr(recipe, "qwen_path", None) is not None else None,
-        seq_len=int(getattr(recipe, "seq_len", 8)),
-        global_batch=2 * size,
-    )
+    resume_recipe = ResumeRecipe(source=recipe, seed=int(getattr(recipe, "seed", 0)), global_batch=2 * size)
     from pytest_sprite.recipes.artifacts import write_resume_run
 
     target = None
@@ -234,3 +243,40 @@ def _shared_directory(directory: str | os.PathLike[str] | None, world: World | N
         path = world.broadcast_object(path)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def records_from_events(
+    events: list[tuple[str, Any]], *, killed: bool, checkpoints: tuple[str, ...] = ()
+) -> RoleRecord:
+    """Rebuild one rank's :class:`RoleRecord` from what its role emitted (works for a killed role too)."""
+    meta: dict[str, Any] | None = None
+    steps: list[StepRecord] = []
+    saves: list[StateCapture] = []
+    restored: StateCapture | None = None
+    for name, value in events:
+        if name == "meta":
+            meta = value
+        elif name == "step":
+            steps.append(value)
+        elif name == "save":
+            saves.append(value)
+        elif name == "restored":
+            restored = value
+    if meta is None:
+        raise RuntimeError(
+            "the role ended before it said what it was (no 'meta' event): it failed at start-up"
+        )
+    return RoleRecord(
+        role=meta["role"],
+        strategy=meta["strategy"],
+        precision=meta["precision"],
+        rank=meta["rank"],
+        world_size=meta["world_size"],
+        global_batch=meta["global_batch"],
+        fault=meta["fault"],
+        steps=tuple(steps),
+        saves=tuple(saves),
+        restored=restored,
+        checkpoints=checkpoints,
+        killed=killed,
+    )
