@@ -30,7 +30,7 @@ from pytest_sprite import CrashConsistencyError, CrashMatrix, assert_crash_consi
 from pytest_sprite.chaos.crash_targets import MatrixTarget
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
 from pytest_sprite.chaos.lora import LoraQwenTarget
-from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, rank_envs
+from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, rank_envs
 from pytest_sprite.chaos.targets import load_weights, write_sitecustomize
 
 ENTRY = (

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -46,9 +47,9 @@ class _Interpreters:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.files: list[str] = []
 
-    def spawn(self, payload: bytes, channel: Any) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: Any) -> int:
         fd, path = tempfile.mkstemp(prefix="sprite-bench-payload-")
-        os.write(fd, payload)
+        os.write(fd, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
         os.close(fd)
         self.files.append(path)
         code = (

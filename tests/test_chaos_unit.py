@@ -22,7 +22,7 @@ from pytest_sprite.assertions.crash_consistency import (
 from pytest_sprite.chaos.events import FileEvent, read_event_log
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
 from pytest_sprite.chaos.matrix import crash_points, prepare_out_dir
-from pytest_sprite.chaos.runner import run_forked
+from pytest_sprite.chaos.runs import run_ranks
 from pytest_sprite.chaos.targets import weight_diff
 from pytest_sprite.errors import SpriteUsageError
 
@@ -83,7 +83,7 @@ def _run(tmp_path: Path, name: str, **plan: Any) -> tuple[Path, Any]:
     root = tmp_path / name
     root.mkdir()
     log = tmp_path / f"{name}.events"
-    outcome = run_forked(
+    outcome = run_ranks(
         _file_work,
         (root,),
         plans=[Plan(root=str(root), log=str(log), **plan)],
@@ -142,7 +142,7 @@ def test_marks_and_the_crash_exit_code(tmp_path: Path) -> None:
         return 0
 
     log_path = tmp_path / "m.events"
-    outcome = run_forked(
+    outcome = run_ranks(
         work,
         (tmp_path,),
         plans=[Plan(root=str(tmp_path), log=str(log_path), crash_at=1)],
@@ -359,6 +359,6 @@ def test_a_run_forked_after_parallel_work_in_this_process_does_not_hang(tmp_path
     """GNU OpenMP hangs a child forked after the parent's parallel region; earlier tests leave one behind."""
     torch = pytest.importorskip("torch")
     torch.nn.functional.relu(torch.randn(4_000_000))
-    outcome = run_forked(_parallel_work, (), plans=[None], envs=[{}], logs=[tmp_path / "run.out"], timeout=60)
+    outcome = run_ranks(_parallel_work, (), plans=[None], envs=[{}], logs=[tmp_path / "run.out"], timeout=60)
     assert outcome.ranks[0].status == "returned", (tmp_path / "run.out").read_text()
     assert outcome.value(0) == 1

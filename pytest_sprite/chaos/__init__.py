@@ -1,7 +1,7 @@
 """Crash consistency of checkpoint saves: kill a run at every file event, tear written files, resume, judge.
 
 What the ckpt-chaos seed describes, inside the plugin: ``events`` (the log format), ``inject`` (the recorder
-and crash trigger inside a run), ``runner`` (forked runs), ``targets`` (a function, a command), ``matrix``
+and crash trigger inside a run), ``runs`` (one run: a sub-world of forks), ``targets`` (a function, a command), ``matrix``
 (building it), ``protocols`` (planted save protocols), ``hf`` (Hugging Face Trainer on a tiny in-memory
 GPT-2) and ``lora`` (the lora_qwen recipe's Lightning fit under each shipped strategy). The assertion is
 :func:`pytest_sprite.assert_crash_consistent` (beside its judge), crashing a target built by ``crash_targets``

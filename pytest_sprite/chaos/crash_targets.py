@@ -124,7 +124,7 @@ def resolve_target(
     env: Mapping[str, str] | None,
 ) -> Any:
     """The target object for what the user passed, or a SpriteUsageError saying what is accepted."""
-    from pytest_sprite.chaos.targets import CommandTarget, FunctionTarget, SubworldTarget
+    from pytest_sprite.chaos.targets import FunctionTarget, SubworldTarget
 
     if ranks is None:
         ranks = 1 if world is None else int(world.size)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pytest_sprite._process import prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
-from pytest_sprite.chaos.runner import RunOutcome, run_forked
+from pytest_sprite.chaos.runs import RunOutcome, run_ranks
 
 __all__ = ["HF_ENV", "HFTrainerTarget", "train_tiny_gpt2"]
 
@@ -125,9 +125,9 @@ class HFTrainerTarget:
         timeout: float,
         grace: float,
     ) -> RunOutcome:
-        from pytest_sprite.chaos.runner import rank_envs
+        from pytest_sprite.chaos.runs import rank_envs
 
         envs = [{**HF_ENV, **e} for e in rank_envs(self.ranks)] if self.ranks > 1 else [dict(HF_ENV)]
-        return run_forked(
+        return run_ranks(
             train_tiny_gpt2, (train_dir,), plans=plans, envs=envs, logs=outputs, timeout=timeout, grace=grace
         )

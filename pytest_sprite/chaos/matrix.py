@@ -29,7 +29,7 @@ from pytest_sprite.assertions.crash_consistency import (
 )
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
 from pytest_sprite.chaos.inject import Plan
-from pytest_sprite.chaos.runner import RunOutcome
+from pytest_sprite.chaos.runs import RunOutcome
 from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
 

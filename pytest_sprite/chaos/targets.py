@@ -20,7 +20,7 @@ from pytest_sprite._output import tail_of_file
 from pytest_sprite._process import exit_text, prewarm_training
 from pytest_sprite._timing import monotonic
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runner import RankOutcome, RunOutcome, rank_envs, run_forked
+from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, rank_envs, run_ranks
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [
@@ -103,7 +103,7 @@ class FunctionTarget:
         grace: float,
     ) -> RunOutcome:
         envs = [{**self.env, **e} for e in rank_envs(self.ranks)] if self.ranks > 1 else [dict(self.env)]
-        return run_forked(
+        return run_ranks(
             self.fn, (train_dir,), plans=plans, envs=envs, logs=outputs, timeout=timeout, grace=grace
         )
 
@@ -320,7 +320,7 @@ def _subworld_rank(
 ) -> Any:
     """One rank of a sub-world run: install this rank's plan, train, hand back portable weights."""
     from pytest_sprite.chaos import inject
-    from pytest_sprite.chaos.runner import portable
+    from pytest_sprite.chaos.runs import portable
 
     plan = plans[world.rank]
     if plan is not None:

@@ -244,11 +244,15 @@ def run_plain_world(
     kill: KillPlan | None,
     timeout: float,
     forker: Forker,
+    join: bool = True,
+    peer_grace: float = 0.0,
 ) -> SubworldResult:
     """A plain test's sub-world of ``size`` ranks on this host, started by ``forker`` (arguments checked).
 
     ``run_subworld`` forks the ranks from this process; ``bench/resume.py`` passes a forker that starts new
-    interpreters, to time them against forks.
+    interpreters, to time them against forks. A crash matrix's runs (``chaos/runs.py``) pass ``join=False``
+    (the function sets up its ranks itself) and ``peer_grace``: the seconds the other ranks run on after one
+    died, as the peers of a killed process would, before they are ended.
     """
     start = monotonic()
     store = tcp_store("127.0.0.1", 0, is_master=True)
@@ -265,9 +269,9 @@ def run_plain_world(
         for r in range(size)
     ]
     hosted, run_dir = _start(
-        forker, fn, args, kwargs, seats, ("127.0.0.1", store.port), kill, timeout, "auto"
+        forker, fn, args, kwargs, seats, ("127.0.0.1", store.port), kill, timeout, "auto", join=join
     )
-    _watch(hosted, forker, store, size, timeout, start, kill)
+    _watch(hosted, forker, store, size, timeout, start, kill, peer_grace=peer_grace)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     return SubworldResult(
@@ -342,15 +346,16 @@ def _start(
     kill: KillPlan | None,
     timeout: float,
     device: str,
+    *,
+    join: bool = True,
 ) -> tuple[list[_Hosted], Path]:
     run_dir = Path(tempfile.mkdtemp(prefix="sprite-subworld-"))
     hosted = []
     for fields_ in seats:
         seat = Seat(master_addr=store[0], master_port=store[1], device=device, timeout=timeout, **fields_)
-        spec = RankSpec(name=_name(fn), seat=seat, plan=kill, run_dir=str(run_dir))
+        spec = RankSpec(name=_name(fn), seat=seat, plan=kill, run_dir=str(run_dir), join=join)
         mine, theirs = socket.socketpair()
-        payload = pickle.dumps((spec, fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        pid = forker.spawn(payload, theirs)
+        pid = forker.spawn((spec, fn, args, kwargs), theirs)
         theirs.close()
         mine.setblocking(False)
         hosted.append(_Hosted(rank=seat.rank, pid=pid, channel=mine))
@@ -378,8 +383,10 @@ def _watch(
     timeout: float,
     start: float,
     kill: KillPlan | None,
+    *,
+    peer_grace: float = 0.0,
 ) -> None:
-    """Read every hosted rank until it ends; end them all when any dies or the time is up.
+    """Read every hosted rank until it ends; end them all when any dies (after ``peer_grace``) or the time is up.
 
     A rank that the kill plan also kills where another rank was killed (``KillAt("step", 4)`` on every
     rank) first gets up to ``_PEER_KILL_GRACE`` seconds to reach that point: a rank still finishing the
@@ -406,11 +413,12 @@ def _watch(
             last_poll = now
             if store.add("sprite/ended", 0) > 0:
                 first_death = now if first_death is None else first_death
-                spared = (
-                    _due_to_be_killed(hosted, store, size, kill)
-                    if now - first_death < _PEER_KILL_GRACE
-                    else ()
-                )
+                if now - first_death < peer_grace:
+                    spared = tuple(h.rank for h in hosted)
+                elif now - first_death < _PEER_KILL_GRACE:
+                    spared = _due_to_be_killed(hosted, store, size, kill)
+                else:
+                    spared = ()
                 _end_live(hosted, store, size, spared=spared)
         if now > deadline:
             _time_out(hosted, timeout)

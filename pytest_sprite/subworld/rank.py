@@ -32,6 +32,10 @@ class RankSpec:
     plan: KillPlan | None
     run_dir: str
     """Where the rank's output (``rank<r>.log``) and stacks (``rank<r>.stacks``) go."""
+    join: bool = True
+    """False: the rank joins no world (no variables, device, store or group): the function gets the rank's
+    :class:`~pytest_sprite.subworld.join.Seat` instead of a World and sets itself up, as a crash matrix's
+    runs do."""
 
 
 @dataclass(kw_only=True)
@@ -89,21 +93,24 @@ def kill_point(event: str, index: int | None = None, *, detail: str = "") -> Non
         os._exit(128 + int(signum))
 
 
-def rank_main(payload: bytes, channel: socket.socket) -> NoReturn:
-    """Body of a sub-world rank (a fresh fork): join the sub-world, run the function, report, exit."""
+def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoReturn:
+    """Body of a sub-world rank (a fresh fork): join the sub-world, run the function, report, exit.
+
+    ``request`` is ``(spec, fn, args, kwargs)``, pickled when it crossed a process (from a zygote).
+    """
     global _CONTEXT
     code = 0
     try:
         die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        spec, fn, args, kwargs = pickle.loads(payload)
+        spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request
         _send(channel, ("ready",))  # start-up ends here: the process runs and has the function loaded
         rank, run_dir = spec.seat.rank, Path(spec.run_dir)
         redirect_output(run_dir / f"rank{rank}.log")
         install_stack_dumps(run_dir / f"rank{rank}.log", run_dir / f"rank{rank}.stacks", STACK_SIGNAL)
         _CONTEXT = _Context(rank=rank, plan=spec.plan, channel=channel)
-        world, store = _join(spec.seat)
+        world, store = _join(spec.seat) if spec.join else (spec.seat, None)
         try:
             value = fn(world, *args, **kwargs)
         except BaseException:
@@ -111,7 +118,8 @@ def rank_main(payload: bytes, channel: socket.socket) -> NoReturn:
             code = 1
         else:
             _send(channel, ("return", value))
-        _leave(store, spec.seat.world_size)
+        if store is not None:
+            _leave(store, spec.seat.world_size)
     except BaseException:
         try:
             _send(channel, ("raise", traceback.format_exc()))

@@ -13,7 +13,7 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from pytest_sprite._process import die_with_parent, one_thread_after_fork
 from pytest_sprite.protocol import (
@@ -32,8 +32,8 @@ __all__ = ["DirectForker", "Forker", "Zygote", "current_zygote", "set_zygote", "
 class Forker(Protocol):
     """Starts sub-world ranks and says which of them ended."""
 
-    def spawn(self, payload: bytes, channel: socket.socket) -> int:
-        """Start a rank running ``payload`` that talks on ``channel``; its pid."""
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
+        """Start a rank running ``request`` (spec, fn, args, kwargs) that talks on ``channel``; its pid."""
         ...
 
     def poll(self) -> dict[int, int]:
@@ -47,16 +47,17 @@ class DirectForker:
     def __init__(self) -> None:
         self.pids: list[int] = []
 
-    def spawn(self, payload: bytes, channel: socket.socket) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
+        """Fork the rank from this process: it has ``request`` already, so nothing is pickled."""
         if not self.pids:
-            _prepare(payload)
+            _prepare(request)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             try:
                 one_thread_after_fork()
-                rank_main(payload, channel)
+                rank_main(request, channel)
             finally:
                 os._exit(70)
         self.pids.append(pid)
@@ -113,7 +114,8 @@ class Zygote:
         child.close()
         return cls(pid, parent)
 
-    def spawn(self, payload: bytes, channel: socket.socket) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
+        payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         send_fork_request(self.sock, payload, channel)
         while True:
             for kind, pid, status in self._read(block=True):
@@ -185,7 +187,7 @@ def _zygote_main(sock: socket.socket) -> NoReturn:
         sock.sendall(forked(pid))
 
 
-def _prepare(payload: bytes) -> None:
+def _prepare(request: bytes | tuple[Any, ...]) -> None:
     """Load, once in the process that forks the ranks, what every rank of the sub-world needs.
 
     Unpickling imports the function's modules; its ``subworld_prepare(*args, **kwargs)`` attribute, when
@@ -193,7 +195,7 @@ def _prepare(payload: bytes) -> None:
     a device or a process group. Errors are left for the rank to report.
     """
     try:
-        _spec, fn, args, kwargs = pickle.loads(payload)
+        _spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request
         prepare = getattr(fn, "subworld_prepare", None)
         if callable(prepare):
             prepare(*args, **kwargs)

@@ -1,0 +1,224 @@
+"""One run of a crash matrix's target: a sub-world of fresh forks of the test process, one per rank.
+
+The runs are sub-worlds (``subworld.host.run_plain_world``), not a second process runner (issue 21): each
+rank is a fork of the calling process (so it costs a fork, not an ``import torch``), reports through the
+sub-world's frames and is watched, timed out and ended by its host. A matrix's rank joins no world of the
+harness's: it leads its own session, prints into the matrix's log file, takes the launcher variables it is
+given, installs its :class:`~pytest_sprite.chaos.inject.Plan`, calls the function and hands back what it
+returned (or the exception it raised, as text). A rank that dies at its crash point leaves the others
+running on for ``grace`` seconds, as a killed process would; then they are ended.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_sprite._process import exit_text, redirect_output
+from pytest_sprite._rankenv import become_rank
+from pytest_sprite._timing import monotonic
+from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
+
+__all__ = ["RankOutcome", "RunOutcome", "portable", "rank_envs", "run_ranks"]
+
+Status = Literal["returned", "raised", "crashed", "died", "timeout"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankOutcome:
+    """How one process of a run ended."""
+
+    rank: int
+    status: Status
+    """``returned`` (value is set), ``raised`` (error is set), ``crashed`` at its planned point, ``died`` (any
+    other exit or signal), ``timeout`` (killed by the run's deadline)."""
+    value: Any = None
+    error: str | None = None
+    """The exception (``Type: message``) or how the process ended."""
+    traceback: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """Every rank of one run, and the run's wall time."""
+
+    ranks: tuple[RankOutcome, ...]
+    wall_s: float
+
+    @property
+    def crashed(self) -> bool:
+        """True when some rank died at its planned crash point."""
+        return any(r.status == "crashed" for r in self.ranks)
+
+    @property
+    def ok(self) -> bool:
+        """True when every rank returned."""
+        return all(r.status == "returned" for r in self.ranks)
+
+    def first_error(self) -> str | None:
+        """The first failure, lowest rank first, with the rank named when there are several."""
+        for r in self.ranks:
+            if r.status not in ("returned", "crashed"):
+                prefix = f"rank {r.rank}: " if len(self.ranks) > 1 else ""
+                return prefix + (r.error or r.status)
+        return None
+
+    def value(self, rank: int = 0) -> Any:
+        """What ``rank`` returned (raises when it did not return)."""
+        r = self.ranks[rank]
+        if r.status != "returned":
+            raise RuntimeError(f"rank {rank} did not return ({r.status}: {r.error})")
+        return r.value
+
+
+def portable(value: Any) -> Any:
+    """A returned module becomes its state dict; tensors are detached CPU copies (picklable, comparable)."""
+    try:
+        import torch
+    except ImportError:
+        return value
+    if isinstance(value, torch.nn.Module):
+        value = value.state_dict()
+    if isinstance(value, Mapping):
+        return {
+            str(k): (v.detach().to("cpu").clone() if isinstance(v, torch.Tensor) else v)
+            for k, v in value.items()
+        }
+    return value
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    *,
+    plans: Sequence[Plan | None],
+    envs: Sequence[Mapping[str, str]],
+    logs: Sequence[Path],
+    timeout: float,
+    grace: float | None = None,
+) -> RunOutcome:
+    """Run ``fn(*args)`` in ``len(plans)`` forked processes (one per rank) and wait for all of them.
+
+    Each rank gets its own plan (None: no injector), environment additions and output log. A rank still
+    running after ``timeout`` seconds is killed. With ``grace``, once a rank has ended without a result (it
+    died, at its crash point or otherwise) the others get ``grace`` more seconds to run on before they are
+    stopped. What a rank left running (a dataloader worker) ends with the run.
+    """
+    from pytest_sprite.subworld.host import run_plain_world
+    from pytest_sprite.subworld.zygote import DirectForker
+
+    start = monotonic()
+    request = (fn, tuple(args), tuple(plans), tuple(dict(e) for e in envs), tuple(str(p) for p in logs))
+    result = run_plain_world(
+        _run_rank,
+        request,
+        {},
+        size=len(plans),
+        kill=None,
+        timeout=timeout,
+        forker=DirectForker(),
+        join=False,
+        peer_grace=timeout if grace is None else grace,
+    )
+    for o in result.outcomes:  # each rank leads its own session: end what it left running
+        for pid in o.emitted("pid"):
+            _kill_group(pid)
+    elapsed = min(timeout, monotonic() - start)
+    outcomes = tuple(_outcome(o, elapsed) for o in result.outcomes)
+    return RunOutcome(ranks=outcomes, wall_s=monotonic() - start)
+
+
+def _run_rank(
+    seat: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    plans: tuple[Plan | None, ...],
+    envs: tuple[dict[str, str], ...],
+    logs: tuple[str, ...],
+) -> tuple[str, Any, str | None, str | None]:
+    """One rank of a run (a sub-world rank that joined no world): what it returned, or what it raised."""
+    from pytest_sprite.chaos import inject
+    from pytest_sprite.subworld import emit
+
+    rank = seat.rank
+    os.setsid()
+    emit("pid", os.getpid())
+    redirect_output(Path(logs[rank]))
+    # pytest's capture replaced sys.stdout/stderr with its own objects: print into the log instead
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    env = envs[rank]
+    if "RANK" in env:  # a world of its own (rank_envs): that world's variables, no other launcher's
+        become_rank(env)
+    else:  # one process: the target's own additions on top of the test process's environment
+        os.environ.update(env)
+    if plans[rank] is not None:
+        inject.install(plans[rank])
+    payload: tuple[str, Any, str | None, str | None]
+    try:
+        value = fn(*args)
+        inject.finish()
+        payload = ("returned", portable(value), None, None)
+    except BaseException as exc:  # everything the function raised is the run's outcome
+        inject.finish()
+        text = traceback.format_exc()
+        sys.stderr.write(text)  # into the run's output log, for whoever reads why it failed
+        sys.stderr.flush()
+        payload = ("raised", None, f"{type(exc).__name__}: {exc}", text)
+    try:
+        pickle.dumps(payload)
+    except Exception as exc:
+        payload = ("raised", None, f"the result cannot be pickled: {exc}", None)
+    return payload
+
+
+def _outcome(o: Any, elapsed: float) -> RankOutcome:
+    """A sub-world rank's outcome as the matrix reads it."""
+    if o.status in ("timeout", "ended"):
+        return RankOutcome(
+            rank=o.rank, status="timeout", error=f"still running after {elapsed:.0f} s; killed"
+        )
+    if o.exitcode == CRASH_EXIT_CODE:
+        return RankOutcome(rank=o.rank, status="crashed")
+    if o.status == "returned":
+        kind, value, error, tb = o.value
+        if kind == "returned":
+            return RankOutcome(rank=o.rank, status="returned", value=value)
+        return RankOutcome(rank=o.rank, status="raised", error=error, traceback=tb)
+    if o.status == "raised":
+        last = [line for line in o.error.strip().splitlines() if line.strip()][-1:] or [o.error]
+        return RankOutcome(rank=o.rank, status="died", error=last[0])
+    return RankOutcome(rank=o.rank, status="died", error=f"ended with {exit_text(o.exitcode, o.signum)}")
+
+
+def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:
+    """torchrun's variables for ``ranks`` local processes with a fresh rendezvous port (one per run)."""
+    from pytest_sprite._rankenv import free_port, torchrun_variables
+
+    port = free_port("127.0.0.1") if port is None else port
+    return [
+        torchrun_variables(
+            rank=r,
+            local_rank=r,
+            world_size=ranks,
+            local_world_size=ranks,
+            node=0,
+            master_addr="127.0.0.1",
+            master_port=port,
+        )
+        for r in range(ranks)
+    ]
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
