@@ -27,6 +27,7 @@ from pytest_sprite._process import prewarm_fit, prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
 from pytest_sprite.chaos.runs import RunOutcome, rank_envs, run_ranks
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes._shard import default_shard
 
 __all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_in_subworld", "train_lora_qwen"]
 
@@ -48,85 +49,14 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
     """Fit the recipe into ``train_dir`` (this process is one rank), resuming from ``last.ckpt``; return weights.
 
     ``source`` is a project's :class:`~pytest_sprite.Recipe` (its model built after ``torch.manual_seed``,
-    its rows, loss and FSDP2 units) trained the same way; None trains lora_qwen's model and rows.
+    its rows, loss and FSDP2 units) trained the same way; None trains lora_qwen's tiny model and rows.
     """
-    import lightning.pytorch as pl
-    import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from torch.utils.data import DataLoader
-
     from pytest_sprite.lightning import FSDP2Strategy, trainer_kwargs
-    from pytest_sprite.recipes._model import fresh_lora_qwen, make_rows
+    from pytest_sprite.recipes.fit_kit import make_trainer
 
     if strategy not in LORA_STRATEGIES:
         raise SpriteUsageError(f"unknown strategy {strategy!r}; strategies: {', '.join(LORA_STRATEGIES)}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    ranks = 1 if strategy == "single" else world
-    from torch.utils.data import default_collate
-
-    from pytest_sprite.recipes._shard import default_shard
-
-    if source is not None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(source.seed)
-            net = source.model()
-        net.train()
-        own_rows = source.rows(STEPS * GLOBAL_BATCH)
-    else:
-        net = fresh_lora_qwen(seed=SEED)
-        rows = make_rows(seed=SEED, rows=STEPS * GLOBAL_BATCH, seq_len=8, vocab_size=net.vocab_size)
-    micro = GLOBAL_BATCH // ranks
-    final: dict[str, Any] = {}
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = net
-
-        def configure_model(self) -> None:
-            if strategy in ("fsdp", "fsdp_file"):
-                from pytest_sprite.lightning import shard_model
-
-                mesh = self.device_mesh
-                names = tuple(mesh.mesh_dim_names or ()) if mesh is not None else ()
-                shard = (source.shard or default_shard) if source is not None else shard_model
-                shard(self.net, mesh["data_parallel"] if len(names) > 1 else mesh)  # type: ignore[index,arg-type]
-
-        def train_dataloader(self) -> DataLoader[Any]:
-            # epoch e is step e: this rank's strided share of the rows of step e
-            epoch = self.trainer.current_epoch
-            ids = list(range(epoch * GLOBAL_BATCH + rank, (epoch + 1) * GLOBAL_BATCH, ranks))[:micro]
-            if source is not None:
-                batch = default_collate([own_rows[i] for i in ids])
-            else:
-                batch = {"input_ids": rows.input_ids[ids], "labels": rows.labels[ids]}
-            return DataLoader([batch], batch_size=None)  # type: ignore[arg-type]
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss: torch.Tensor
-            if source is not None:
-                loss = source.loss(self.net, batch)
-            else:
-                logits = self.net(batch["input_ids"])
-                loss = torch.nn.functional.cross_entropy(logits, batch["labels"])
-            return loss * (micro * ranks / GLOBAL_BATCH)
-
-        def on_train_start(self) -> None:
-            step = self.trainer.global_step
-            note_resumed_from(_checkpoint_name(step) if step else None)
-
-        def configure_optimizers(self) -> Any:
-            # momentum: optimizer state to save (torch cannot load a full-state optimizer dict without tensors)
-            return torch.optim.SGD([p for p in self.net.parameters() if p.requires_grad], lr=LR, momentum=0.9)
-
-    class MarkedCheckpoint(ModelCheckpoint):
-        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-            super()._save_checkpoint(trainer, filepath)
-            name = os.path.basename(filepath)
-            if name.startswith("ck-"):
-                note_save_complete(name)
-
     kind = "fsdp" if strategy == "fsdp_file" else strategy
     if kind == "single":
         kwargs = trainer_kwargs("single", devices=1, precision="32-true", accelerator="cpu")
@@ -134,32 +64,16 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
         kwargs = trainer_kwargs(kind, devices=world, precision="32-true", accelerator="cpu")  # type: ignore[arg-type]
     if strategy == "fsdp_file":
         kwargs["strategy"] = FSDP2Strategy(save_distributed_checkpoint=False)
-    checkpoint = MarkedCheckpoint(
-        dirpath=train_dir,
-        filename="ck-{step}",
-        every_n_epochs=SAVE_EVERY,
-        save_top_k=-1,
-        save_last=True,
-        save_on_train_epoch_end=True,
-        enable_version_counter=False,
-    )
-    trainer = pl.Trainer(
-        **kwargs,
+    module = _module(strategy, source, world=world, rank=int(os.environ.get("RANK", "0")))
+    trainer = make_trainer(
+        kwargs,
+        root=train_dir,
         max_epochs=STEPS,
-        reload_dataloaders_every_n_epochs=1,
-        gradient_clip_val=CLIP,
-        gradient_clip_algorithm="norm",
-        use_distributed_sampler=False,
-        logger=False,
-        callbacks=[checkpoint],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=train_dir,
+        clip=CLIP,
+        callbacks=[_marked_checkpoint(train_dir)],
+        reload_every_epoch=True,
     )
-    module = Module()
-    last = Path(train_dir) / "last.ckpt"
+    final: dict[str, Any] = {}
     strategy_teardown = trainer.strategy.teardown
 
     def teardown() -> None:
@@ -169,8 +83,77 @@ def train_lora_qwen(train_dir: Path, strategy: str, source: Any = None) -> dict[
         strategy_teardown()
 
     trainer.strategy.teardown = teardown  # type: ignore[method-assign]
+    last = Path(train_dir) / "last.ckpt"
     trainer.fit(module, ckpt_path="last" if last.exists() else None)
     return final
+
+
+def _module(strategy: str, source: Any, *, world: int, rank: int) -> Any:
+    """The recipe as a LightningModule: epoch e trains step e's rows, this rank's strided share of them."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, default_collate
+
+    from pytest_sprite.recipes.fit_kit import data_parallel_part, trainable
+    from pytest_sprite.recipes.lora_qwen import LoraQwen
+    from pytest_sprite.recipes.resolve import build_model
+
+    recipe = source if source is not None else LoraQwen(seed=SEED)
+    ranks = 1 if strategy == "single" else world
+    micro = GLOBAL_BATCH // ranks
+    rows = recipe.rows(STEPS * GLOBAL_BATCH)
+    shard = recipe.shard or default_shard
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build_model(recipe)
+
+        def configure_model(self) -> None:
+            if strategy in ("fsdp", "fsdp_file"):
+                shard(self.net, data_parallel_part(self.device_mesh))
+
+        def train_dataloader(self) -> DataLoader[Any]:
+            epoch = self.trainer.current_epoch
+            ids = list(range(epoch * GLOBAL_BATCH + rank, (epoch + 1) * GLOBAL_BATCH, ranks))[:micro]
+            return DataLoader([default_collate([rows[i] for i in ids])], batch_size=None)  # type: ignore[arg-type]
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor = recipe.loss(self.net, batch)
+            return loss * (micro * ranks / GLOBAL_BATCH)
+
+        def on_train_start(self) -> None:
+            step = self.trainer.global_step
+            note_resumed_from(_checkpoint_name(step) if step else None)
+
+        def configure_optimizers(self) -> Any:
+            # momentum: optimizer state to save (torch cannot load a full-state optimizer dict without tensors)
+            return torch.optim.SGD([p for _, p in trainable(self.net)], lr=LR, momentum=0.9)
+
+    return Module()
+
+
+def _marked_checkpoint(train_dir: Path) -> Any:
+    """Lightning's ModelCheckpoint every SAVE_EVERY steps and ``last.ckpt``, marking each save complete."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class MarkedCheckpoint(ModelCheckpoint):
+        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+            super()._save_checkpoint(trainer, filepath)
+            name = os.path.basename(filepath)
+            if name.startswith("ck-"):
+                note_save_complete(name)
+
+    return MarkedCheckpoint(
+        dirpath=train_dir,
+        filename="ck-{step}",
+        every_n_epochs=SAVE_EVERY,
+        save_top_k=-1,
+        save_last=True,
+        save_on_train_epoch_end=True,
+        enable_version_counter=False,
+    )
 
 
 def _full_state(net: Any) -> dict[str, Any]:
@@ -248,9 +231,9 @@ class LoraQwenTarget:
 
         if self.source is not None:
             return
-        from pytest_sprite.recipes._model import fresh_lora_qwen
+        from pytest_sprite.recipes.lora_qwen import LoraQwen
 
-        fresh_lora_qwen(seed=SEED)
+        LoraQwen(seed=SEED).build_model()
 
     def run(
         self,
