@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ _WHY_NOT = cannot_make_hosts()
 pytestmark = [pytest.mark.cpu, pytest.mark.skipif(_WHY_NOT is not None, reason=f"no hosts here: {_WHY_NOT}")]
 
 TIMEOUT = 240
+SLOW = 4
+"""Seconds host2 waits before it starts its ranks (a node slow to start) in the session test."""
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +85,14 @@ def two_per_host(names):
     # ranks 0-1 on one host, 2-3 on the other (which host takes rank 0 is the order agents connected in)
     return sorted(names) == ["host1", "host1", "host2", "host2"] and names[0] == names[1]
 
+@pytest.mark.ranks(2)
+def test_packed_a(world):
+    assert len(set(world.gather_object(socket.gethostname()))) == 1  # within one host: it fits
+
+@pytest.mark.ranks(2)
+def test_packed_b(world):
+    assert len(set(world.gather_object(socket.gethostname()))) == 1
+
 def where(world):
     t = torch.tensor([float(world.rank)])
     dist.all_reduce(t)
@@ -112,13 +123,6 @@ def test_sub_world_across_hosts(world):
     half = run_subworld(where, ranks=2).values()
     assert [v[2] for v in half] == [1.0, 1.0]
 
-@pytest.mark.ranks(2)
-def test_packed_a(world):
-    assert len(set(world.gather_object(socket.gethostname()))) == 1  # within one host: it fits
-
-@pytest.mark.ranks(2)
-def test_packed_b(world):
-    assert len(set(world.gather_object(socket.gethostname()))) == 1
 
 @pytest.mark.ranks(4)
 @settings(max_examples=3, deadline=None, database=None)
@@ -151,7 +155,13 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     """Everything a ranks session does, with the controller on host1 and the ranks on host1 and host2."""
     pytester.makeconftest(COLLECTED)
     pytester.makepyfile(test_world=WORLD)
-    result = hosts(pytester, "--collective-check", "--sprite-report=report.json", "-s")
+    result = hosts(
+        pytester,
+        "--collective-check",
+        "--sprite-report=report.json",
+        "-s",
+        options=("--delay", f"host2={SLOW}", "--host-env", "host2:RANK=0"),
+    )
     assert result.ret == 0
     result.assert_outcomes(passed=6)
     err = result.stderr.str()
@@ -165,8 +175,11 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["environment"]["hosts"] == ["host1", "host2"]
     assert report["environment"]["launcher"] == "mpiexec"
-    spans = next(t for t in report["tests"] if t["nodeid"].endswith("test_world_spans_the_hosts"))
+    tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in report["tests"]}
+    spans = tests["test_world_spans_the_hosts"]
     assert sorted(r["host"] for r in spans["ranks"]) == ["host1", "host1", "host2", "host2"]
+    # host2 started its ranks SLOW seconds late: the first 2-rank test ran on host1's agents meanwhile
+    assert [r["host"] for r in tests["test_packed_a"]["ranks"]] == ["host1", "host1"]
 
 
 def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
@@ -196,3 +209,130 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path) -> None:
     removed = clean_leftovers()
     assert f"spb{run_id}" in removed and str(directory) in removed
     assert not directory.exists()
+
+
+def test_a_stale_rank_on_one_host_is_there_only(pytester: pytest.Pytester) -> None:
+    """``--host-env host2:RANK=0`` is in host2's login environment only (the session test shows the
+    plugin copes: its agents there drop it); the launch reaches host2 through the launcher-exec."""
+    result = pytester.run(
+        sys.executable,
+        "-m",
+        "pytest_sprite",
+        "hosts",
+        "2",
+        "--host-env",
+        "host2:RANK=0",
+        "--",
+        "mpiexec",
+        "-n",
+        "2",
+        "-ppn",
+        "1",
+        "sh",
+        "-c",
+        'echo "on $(hostname) RANK=${RANK-unset}"',
+        timeout=TIMEOUT,
+    )
+    assert result.ret == 0, result.stderr.str()
+    assert sorted(line for line in result.stdout.lines if line.startswith("on ")) == [
+        "on host1 RANK=unset",
+        "on host2 RANK=0",
+    ]
+
+
+LOST = """
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from pytest_sprite.hosts import {fault}
+
+@pytest.mark.ranks(4)
+def test_host2_goes(world):
+    names = world.gather_object(socket.gethostname())
+    world.barrier()
+    if world.rank == names.index("host1"):
+        print({fault}("host2"))
+    for _ in range(1200):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        time.sleep(0.05)
+
+@pytest.mark.ranks(2)
+def test_next_one_on_what_is_left(world):
+    assert {{socket.gethostname()}} == {{"host1"}}
+    world.barrier()
+"""
+
+
+def _host2_ranks(pytester: pytest.Pytester) -> list[int]:
+    report = json.loads((pytester.path / "report.json").read_text())
+    first = next(t for t in report["tests"] if t["nodeid"].endswith("test_host2_goes"))
+    return sorted(i for i, r in enumerate(first["ranks"]) if r["host"] == "host2")
+
+
+def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
+    """Every process of host2 killed mid-collective: the test fails at once naming host2 and its ranks;
+    the session goes on with host1's agents and nothing is left on either host."""
+    pytester.makepyfile(test_lost=LOST.format(fault="kill_host"))
+    started = time.monotonic()
+    result = hosts(pytester, "--rank-timeout=60", "--sprite-report=report.json")
+    took = time.monotonic() - started
+    result.assert_outcomes(failed=1, passed=1)
+    lost = _host2_ranks(pytester)
+    assert len(lost) == 2
+    out = result.stdout.str()
+    for rank in lost:
+        result.stdout.fnmatch_lines(
+            [
+                f"*rank {rank}: its rank agent was lost during call (the connection to rank agent * closed; it ran on host2)*"
+            ]
+        )
+    assert "by peer" in out  # what host1's ranks saw right away (gloo: connection reset / closed by peer)
+    assert "killed every process of host2" in result.stderr.str()
+    assert "(lost during the run: host2)" in result.stderr.str()
+    assert took < 120, took
+
+
+def test_a_basetemp_host2_cannot_see(pytester: pytest.Pytester) -> None:
+    """A basetemp in host1's own /tmp: host2's ranks fail with the existing clear error, naming host2."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(4)
+        def test_files(world, tmp_path):
+            pass
+        """
+    )
+    result = hosts(pytester, "--basetemp=/tmp/only-on-host1", "--sprite-report=report.json")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "*the session's basetemp /tmp/only-on-host1 does not exist on this rank's host (host2): the ranks of a "
+            "test share tmp_path, so on a cluster the basetemp must be on a filesystem every node sees*"
+        ]
+    )
+    assert "(host1)" not in result.stdout.str()
+
+
+@pytest.mark.slow
+def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
+    """host2's link down mid-collective: host1's ranks hang until --rank-timeout and are shown where they
+    waited; host2's agents cannot be reached, so their ranks end as lost, naming host2; the next test runs
+    on host1's agents and the run removes everything."""
+    pytester.makepyfile(test_lost=LOST.format(fault="cut_link"))
+    result = hosts(pytester, "--rank-timeout=15", "--sprite-report=report.json")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        ["*were still running after the 15s timeout (from --rank-timeout) (during call)*"]
+    )
+    for rank in _host2_ranks(pytester):
+        result.stdout.fnmatch_lines(
+            [
+                f"*rank {rank}: its rank agent was lost during call (rank agent * on host2 did not end its child within*"
+            ]
+        )
+    assert "host2's link" in result.stderr.str() and "is down" in result.stderr.str()

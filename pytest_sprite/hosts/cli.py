@@ -65,10 +65,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         metavar="HOST:NAME=VALUE",
         help="a variable in one host's login environment (a stale RANK, say)",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the pytest command line")
-    args = parser.parse_args(argv)
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
+    words = list(argv)
+    if "--" not in words:
+        parser.parse_args(words)  # -h: the help
+        parser.error("give the pytest command after --: hosts N [options] -- pytest ...")
+    split = words.index("--")
+    args = parser.parse_args(words[:split])
+    args.command = words[split + 1 :]
     if not args.command:
         parser.error("give the pytest command after --")
     if args.n < 2:
@@ -81,32 +84,31 @@ def prepare_command(
 ) -> tuple[list[str], dict[str, str], int | None]:
     """The command with the launcher, ranks per host and basetemp; the environment that reaches the hosts."""
     words = list(command)
+    per_host: int | None = None
+    if _is_pytest(words):  # any other command runs on host1 as it is (its mpiexec still reaches every host)
+        launcher = _option(words, "--launcher")
+        if launcher not in (None, "mpiexec"):
+            raise SystemExit(f"{_PREFIX} the hosts are reached through --launcher=mpiexec, not {launcher}")
+        ranks_text = _option(words, "--ranks")
+        if ranks_text is not None:
+            ranks = int(ranks_text)
+            if ranks % n:
+                raise SystemExit(f"{_PREFIX} --ranks={ranks} does not spread evenly over {n} hosts")
+            per_host = ranks // n
+        if launcher is None:
+            words.append("--launcher=mpiexec")
+        if per_host is not None and _option(words, "--ppn") is None:
+            words.append(f"--ppn={per_host}")
+        if _option(words, "--basetemp") is None:
+            words.append(f"--basetemp={machine.shared / 'basetemp'}")
     env = {
+        "HYDRA_LAUNCHER": "ssh",
+        "HYDRA_LAUNCHER_EXEC": str(machine.rsh),
+        "HYDRA_HOST_FILE": str(machine.write_hostfile(per_host)),
         "SPRITE_HOSTS": ",".join(h.name for h in machine.hosts),
         "SPRITE_HOSTS_CONTROL": str(machine.control_socket),
         "SPRITE_HOSTS_SHARED": str(machine.shared),
     }
-    if not _is_pytest(words):
-        return words, env, None  # any other command runs on host1 as it is
-    launcher = _option(words, "--launcher")
-    if launcher not in (None, "mpiexec"):
-        raise SystemExit(f"{_PREFIX} the hosts are reached through --launcher=mpiexec, not {launcher}")
-    ranks_text = _option(words, "--ranks")
-    per_host: int | None = None
-    if ranks_text is not None:
-        ranks = int(ranks_text)
-        if ranks % n:
-            raise SystemExit(f"{_PREFIX} --ranks={ranks} does not spread evenly over {n} hosts")
-        per_host = ranks // n
-    if launcher is None:
-        words.append("--launcher=mpiexec")
-    if per_host is not None and _option(words, "--ppn") is None:
-        words.append(f"--ppn={per_host}")
-    if _option(words, "--basetemp") is None:
-        words.append(f"--basetemp={machine.shared / 'basetemp'}")
-    env["HYDRA_LAUNCHER"] = "ssh"
-    env["HYDRA_LAUNCHER_EXEC"] = str(machine.rsh)
-    env["HYDRA_HOST_FILE"] = str(machine.write_hostfile(per_host))
     return words, env, per_host
 
 

@@ -676,7 +676,7 @@ class Controller:
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
-                detail=f"the connection to rank agent {run.agents[rank]} closed",
+                detail=f"the connection to rank agent {run.agents[rank]} closed; it ran on {run.hosts.get(rank, '?')}",
                 output_tail=pool.output_tail(),
             )
             run.note_failure(rank)
@@ -696,7 +696,10 @@ class Controller:
             )
         for rank, when in list(run.aborted.items()):
             if rank in run.live and now - when > _ABORT_LIMIT:
-                pool.broken = f"rank agent {run.agents[rank]} did not end its child within {_ABORT_LIMIT:g}s of an abort"
+                pool.broken = (
+                    f"rank agent {run.agents[rank]} on {run.hosts.get(rank, '?')} did not end its child within "
+                    f"{_ABORT_LIMIT:g}s of an abort"
+                )
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
 
     def _abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
