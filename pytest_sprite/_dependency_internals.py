@@ -22,6 +22,9 @@ __all__ = [
     "hypothesis_test_settings",
     "prewarm_hypothesis_patching",
     "replace_hypothesis_settings",
+    "torch_multiprocess_module",
+    "torch_required_world_size",
+    "torch_run_rank",
 ]
 
 _HYPOTHESIS_SETTINGS = "_hypothesis_internal_use_settings"
@@ -138,3 +141,39 @@ def fsdp_mixed_precision(module: Any) -> Any:
     """
     get_state = getattr(module, "_get_fsdp_state", None)
     return getattr(get_state(), "_mp_policy", None) if get_state is not None else None
+
+
+TORCH_COMMON_DISTRIBUTED = "torch.testing._internal.common_distributed"
+"""torch's test-support module of ``MultiProcessTestCase``, ``TEST_SKIPS`` and ``get_timeout`` (issue 26)."""
+
+
+def torch_multiprocess_module() -> Any | None:
+    """``torch.testing._internal.common_distributed``, once a test module imported it; else None.
+
+    torch ships its multiprocess test classes only there (tested with torch 2.13); ``--torch-tests=ranks``
+    looks it up in ``sys.modules`` so that nothing imports torch for a session without such tests.
+    Fallback: None, and no test is taken for a torch test.
+    """
+    import sys
+
+    return sys.modules.get(TORCH_COMMON_DISTRIBUTED)
+
+
+def torch_required_world_size(method: Any) -> int | None:
+    """The ``n`` of torch's ``@requires_world_size(n)`` on a test method, else None.
+
+    The decorator stores it as ``_required_world_size`` (torch 2.13) and torch reads it back with
+    ``get_required_world_size``, which needs an instance; this reads the attribute. Fallback: None (the
+    class's ``world_size``).
+    """
+    value = getattr(method, "_required_world_size", None)
+    return None if value is None else int(value)
+
+
+def torch_run_rank(cls: Any, rank: int, test_name: str, file_name: str, pipe: Any, *, fake_pg: bool) -> None:
+    """What torch's spawned process ``rank`` runs: the class's ``_run`` (a classmethod subclasses override).
+
+    ``MultiProcessTestCase._start_processes`` targets ``cls._run(rank, test_name, file_name, pipe,
+    fake_pg=...)``; there is no public entry (torch 2.6 - 2.13). It ends with ``sys.exit`` or returns.
+    """
+    cls._run(rank, test_name, file_name, pipe, fake_pg=fake_pg)

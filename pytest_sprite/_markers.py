@@ -54,6 +54,9 @@ class RanksSpec:
     """True for the list form and for ``"world"``, which make one test per world size, named for it."""
     timeout: float | None
     """The marker's ``timeout=`` in seconds, None when not given."""
+    init: bool = True
+    """``init=False``: each rank starts without a default process group, torchrun's variables set and
+    ``MASTER_PORT`` free, for a test that makes its own groups (issue 26)."""
 
 
 ranks_spec_key: Final = pytest.StashKey[RanksSpec]()
@@ -103,11 +106,14 @@ def _is_count(value: object) -> bool:
 def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) -> RanksSpec:
     """Validate ``@pytest.mark.ranks(...)`` arguments; ``where`` names the test for the error."""
     prefix = f"@pytest.mark.ranks(...) on {where}"
-    unknown = sorted(set(kwargs) - {"timeout"})
+    unknown = sorted(set(kwargs) - {"timeout", "init"})
     if unknown:
         raise SpriteUsageError(
-            f"{prefix}: unknown keyword {', '.join(unknown)}; the only keyword is timeout=SECONDS"
+            f"{prefix}: unknown keyword {', '.join(unknown)}; the keywords are timeout=SECONDS and init=False"
         )
+    init = kwargs.get("init", True)
+    if not isinstance(init, bool):
+        raise SpriteUsageError(f"{prefix}: init= must be True or False, got {_describe(init)}")
     if len(args) != 1:
         raise SpriteUsageError(
             f"{prefix}: takes exactly one world size or list of sizes, got {len(args)} arguments; {_EXAMPLES}"
@@ -137,7 +143,7 @@ def parse_ranks_marker(args: Sequence[Any], kwargs: dict[str, Any], where: str) 
     timeout = kwargs.get("timeout")
     if timeout is not None:
         timeout = parse_timeout(timeout, f"{prefix}: timeout=")
-    return RanksSpec(sizes=sizes, parametrized=parametrized, timeout=timeout)
+    return RanksSpec(sizes=sizes, parametrized=parametrized, timeout=timeout, init=init)
 
 
 def world_sizes(spec: RanksSpec, world: int | None) -> tuple[Size, ...]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -28,6 +28,7 @@ __all__ = [
     "function_scoped_arguments",
     "record_warnings",
     "runtestprotocol",
+    "skip_at_item",
     "teardown_controller_state",
     "tmp_path_factory",
 ]
@@ -148,6 +149,10 @@ def function_scoped_arguments(item: pytest.Item) -> set[str]:
     """The test function's arguments that are function-scoped fixtures (what hypothesis warns about).
 
     ``item._fixtureinfo.name2fixturedefs`` is private; it is where hypothesis' own pytest plugin looks.
+    Called only for a hypothesis test (issue 26). When the signature cannot be read (``inspect.signature``
+    raises ``ValueError: invalid method signature`` on a ``functools.wraps`` of a bound method, as torch's
+    ``MultiProcessTestCase.join_or_run`` makes), the names pytest itself read from the function at
+    collection (``_fixtureinfo.argnames``) stand in for it.
     """
     import inspect
 
@@ -155,12 +160,25 @@ def function_scoped_arguments(item: pytest.Item) -> set[str]:
     info = getattr(item, "_fixtureinfo", None)
     if function is None or info is None:
         return set()
-    names = set(inspect.signature(function).parameters)
+    try:
+        names = set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        names = set(info.argnames)
     return {
         name
         for name, defs in info.name2fixturedefs.items()
         if name in names and defs and defs[-1].scope == "function"
     }
+
+
+def skip_at_item(reason: str) -> NoReturn:
+    """Skip the running test, reported at the test's own location (as pytest's unittest support does).
+
+    ``pytest.skip`` reports where it was called; ``skip.Exception(..., _use_item_location=True)`` (a private
+    keyword, pytest 7.0 - 9.2) is what ``_pytest.unittest`` raises for a unittest skip, so a torch test's
+    skip on ranks reads as it does natively (issue 26).
+    """
+    raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
 def runtestprotocol(item: pytest.Item) -> None:

@@ -29,6 +29,7 @@ DEFAULT_TIMEOUT: Final = 300.0
 DEFAULT_GRACE: Final = 5.0
 DEFAULT_CONNECT_TIMEOUT: Final = 120.0
 SUMMARY_CHOICES: Final = ("auto", "no")
+TORCH_TESTS_CHOICES: Final = ("native", "ranks")
 LAUNCH_EARLY_CHOICES: Final = ("auto", "on", "off")
 
 
@@ -170,6 +171,15 @@ OPTIONS: Final = (
         "WHEN",
     ),
     _Option(
+        "--torch-tests",
+        "sprite_torch_tests",
+        "torch_tests",
+        "SPRITE_TORCH_TESTS",
+        "How torch's MultiProcessTestCase tests run: native (default: torch spawns its processes per test) "
+        "or ranks (each test method runs as a ranks test on the class's world_size, bodies unchanged).",
+        "native|ranks",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -282,6 +292,8 @@ class Settings:
     """``--pack``: ranks tests side by side on free agents (issue 14); False runs one at a time."""
     launch_early: str = "auto"
     """``--launch-early``: auto, on or off; see ``Controller.launch_early``."""
+    torch_tests: str = "native"
+    """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests, issue 26)."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -324,6 +336,13 @@ class Settings:
                 f"{early[1]}={early[0]!r}: valid values are {', '.join(LAUNCH_EARLY_CHOICES)}"
             )
 
+        torch_tests = get("sprite_torch_tests")
+        torch_tests_name = str(torch_tests[0]).strip().lower() if torch_tests else "native"
+        if torch_tests is not None and torch_tests_name not in TORCH_TESTS_CHOICES:
+            raise SpriteUsageError(
+                f"{torch_tests[1]}={torch_tests[0]!r}: valid values are {', '.join(TORCH_TESTS_CHOICES)}"
+            )
+
         def text(dest: str) -> str | None:
             raw = get(dest)
             return str(raw[0]) if raw else None
@@ -348,6 +367,7 @@ class Settings:
             summary=summary_name,
             pack=parse_on_off(*pack) if pack else True,
             launch_early=early_name,
+            torch_tests=torch_tests_name,
         )
 
 

@@ -18,9 +18,10 @@ from .errors import SpriteUsageError
 pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
 
 RANKS_MARKER_HELP = (
-    "ranks(n, timeout=None): run the test body on n ranks, each a fresh process with torch.distributed "
+    "ranks(n, timeout=None, init=True): run the test body on n ranks, each a fresh process with torch.distributed "
     'initialized; ranks([1, 2, 4]) parametrizes over world sizes; ranks("world") runs on the session\'s whole '
-    'world (--ranks), ranks([2, "world"]) on 2 and the world; timeout= seconds overrides --rank-timeout.'
+    'world (--ranks), ranks([2, "world"]) on 2 and the world; timeout= seconds overrides --rank-timeout; '
+    "init=False starts each rank without a default process group (MASTER_PORT free for the test's own)."
 )
 CPU_MARKER_HELP = "cpu: the test needs no accelerator (select CI's suite with -m cpu)."
 XPU_MARKER_HELP = "xpu: the test needs Intel XPU tiles (not run in CI)."
@@ -47,6 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[settings_key] = settings
     config.pluginmanager.register(ResultsPlugin(), "sprite-results")
     agent_address = config.getoption("sprite_agent", None)
+    if settings.torch_tests == "ranks":  # torch's MultiProcessTestCase tests on ranks (issue 26)
+        from .torch_tests import register
+
+        register(config, agent=bool(agent_address))
     if agent_address:
         from .rank.main import AgentSessionPlugin
 

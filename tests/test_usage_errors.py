@@ -27,7 +27,8 @@ pytestmark = pytest.mark.cpu
         ("ranks([2, 0])", 'every world size must be a positive int or "world", got 0 (a int) in [2, 0]'),
         ("ranks(True)", "got True (a bool)"),
         ("ranks(2, timeout=-5)", "timeout= must be a number of seconds > 0, got -5"),
-        ("ranks(2, tiemout=5)", "unknown keyword tiemout; the only keyword is timeout=SECONDS"),
+        ("ranks(2, init=0)", "init= must be True or False, got 0 (a int)"),
+        ("ranks(2, tiemout=5)", "unknown keyword tiemout; the keywords are timeout=SECONDS and init=False"),
         ("ranks()", "takes exactly one world size or list of sizes, got 0 arguments"),
     ],
 )
@@ -124,4 +125,6 @@ def test_markers_are_registered_for_strict_markers(pytester: pytest.Pytester) ->
     result = pytester.runpytest("--strict-markers", "--co")
     assert result.ret == 0
     markers = pytester.runpytest("--markers")
-    markers.stdout.fnmatch_lines(["@pytest.mark.ranks(n, timeout=None): run the test body on n ranks*"])
+    markers.stdout.fnmatch_lines(
+        ["@pytest.mark.ranks(n, timeout=None, init=True): run the test body on n ranks*"]
+    )

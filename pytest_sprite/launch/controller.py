@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import pytest
 
+from .._around import around_ranks_key
 from .._collected import store_collected
 from .._collectives import STACK_WAIT
 from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec
@@ -496,6 +497,9 @@ class Controller:
             return
         pool.ports[first] = None  # taken: the agent reports its next one when this child exits
         basetemp, run.test_dir = make_test_dir(self.config, run.item.name)
+        around = run.item.stash.get(around_ranks_key, None)
+        if around is not None:  # torch's parent side: setUp before the ranks start (issue 26)
+            around.before(run.test_dir)
         run.hosts = {rank: pool.agents[agent].host for rank, agent in enumerate(agents)}
         for rank, (agent, where) in enumerate(zip(agents, pool.placement(agents), strict=True)):
             spec = RunSpec(
@@ -560,6 +564,9 @@ class Controller:
     def _finished(self, run: _Run) -> None:
         """Every rank of ``run`` has ended: free its agents, count it, and log it when packed."""
         self._release(run)
+        around = run.item.stash.get(around_ranks_key, None)
+        if around is not None:  # torch's parent side: tearDown, and its exit-code rule (issue 26)
+            around.after(run.reports, run.ends)
         run.done = True
         if run.interrupted:
             self.interrupt = self.interrupt or run.interrupted

@@ -24,6 +24,7 @@ import pytest
 
 from .. import subworld
 from .. import world as _world
+from .._markers import item_ranks_spec
 from .._process import die_with_parent, install_stack_dumps, redirect_output
 from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
 from .._results import DEVICE_ATTR, set_progress_sink
@@ -91,7 +92,11 @@ class ChildSession:
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Initialize device and process group before fixtures, so a failure is a setup error."""
-        self._init_world()
+        spec = item_ranks_spec(item)
+        if spec is not None and not spec.init:
+            self._join_without_group()
+        else:
+            self._init_world()
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -159,6 +164,24 @@ class ChildSession:
             test_dir=self._test_dir,
         )
         _ready_barrier(self.store, rank=spec["rank"], world_size=spec["world_size"])
+        return world
+
+    def _join_without_group(self) -> World:
+        """``ranks(n, init=False)``: device, variables and World, but no store and no default group (issue 26).
+
+        Rank 0 closes the rendezvous socket its agent reserved, so ``MASTER_PORT`` is free for the test's
+        own ``init_process_group`` (``env://``); nothing of the harness waits on the other ranks.
+        """
+        if self.listen_fd is not None:
+            os.close(self.listen_fd)
+            self.listen_fd = None
+        world, _ = join_world(
+            _seat(self.spec),
+            connect=None,
+            sink=self.channel.collect,
+            collective_check=self.spec["collective_check"],
+            test_dir=self._test_dir,
+        )
         return world
 
     def _test_dir(self) -> Path:

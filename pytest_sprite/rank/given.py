@@ -119,7 +119,7 @@ def prepare_given(
     rank: int,
     world_size: int,
     seed: int | str | None,
-    only_harness_fixtures: bool,
+    only_harness_fixtures: bool | Callable[[], bool],
     agree: Agree,
     seed_pinned: bool = False,
 ) -> bool:
@@ -127,6 +127,8 @@ def prepare_given(
 
     Changes the test object in place: this is a fresh test child, nothing else runs it. ``seed_pinned``:
     the user gave ``--hypothesis-seed``, which already starts every rank's engine alike.
+    ``only_harness_fixtures`` may be a callable: it is then asked only for a hypothesis test, so a test
+    that does not use hypothesis is never inspected (issue 26).
     """
     if "hypothesis" not in sys.modules:
         return False
@@ -144,7 +146,7 @@ def prepare_given(
     fn = getattr(test, "__func__", test)
     current: Any = hypothesis_test_settings(fn)
     suppress = set(current.suppress_health_check)
-    if only_harness_fixtures:
+    if only_harness_fixtures() if callable(only_harness_fixtures) else only_harness_fixtures:
         suppress.add(HealthCheck.function_scoped_fixture)
     changes: dict[str, Any] = {"suppress_health_check": suppress, "database": current.database}
     if world_size > 1:
@@ -186,7 +188,7 @@ def prepare_hypothesis_item(
         rank=rank,
         world_size=world_size,
         seed=seed,
-        only_harness_fixtures=function_scoped_arguments(item) <= HARNESS_FIXTURES,
+        only_harness_fixtures=lambda: function_scoped_arguments(item) <= HARNESS_FIXTURES,
         agree=agree,
         seed_pinned=item.config.getoption("hypothesis_seed", None) is not None,
     )

@@ -3,7 +3,8 @@
 A test child (``rank/child.py``) and a sub-world rank (``subworld/rank.py``) both start as a fresh fork with
 no device and no process group; each becomes one rank of its world the same way (issue 21). They differ only
 in who hosts the rendezvous store (the test's rank 0, or the process that started the sub-world) and in where
-the world's collected tensors go.
+the world's collected tensors go. A rank of a test that makes its own groups (``ranks(n, init=False)``, and
+torch's ``MultiProcessTestCase`` tests run on ranks) joins without a store or a default group (issue 26).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def tcp_store(
 def join_world(
     seat: Seat,
     *,
-    connect: Callable[[timedelta], Any],
+    connect: Callable[[timedelta], Any] | None,
     sink: Callable[[str, int, torch.Tensor], None],
     group_prefix: str | None = None,
     collective_check: bool = False,
@@ -102,6 +103,10 @@ def join_world(
     what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check (issue 9).
     Returns the world and the store. Raises when this process already has a default process group: a fresh
     rank never does, and a group inherited through a fork must not be reused.
+
+    ``connect=None`` joins without a store and without a default process group: the device is chosen and
+    the World made as usual, and the code the rank runs makes its own groups (issue 26); the store
+    returned is None.
     """
     import torch
     import torch.distributed as dist
@@ -115,16 +120,18 @@ def join_world(
         dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
     if dist.is_initialized():
         raise RuntimeError(f"rank {seat.rank} started with a process group already initialized")
-    timeout = timedelta(seconds=seat.timeout + 60)
-    store = connect(timeout)
-    prefix_store: Any = getattr(dist, "PrefixStore")  # noqa: B009 (torch exports it without a stub)
-    dist.init_process_group(
-        backend=backend,
-        store=store if group_prefix is None else prefix_store(group_prefix, store),
-        rank=seat.rank,
-        world_size=seat.world_size,
-        timeout=timeout,
-    )
+    store = None
+    if connect is not None:
+        timeout = timedelta(seconds=seat.timeout + 60)
+        store = connect(timeout)
+        prefix_store: Any = getattr(dist, "PrefixStore")  # noqa: B009 (torch exports it without a stub)
+        dist.init_process_group(
+            backend=backend,
+            store=store if group_prefix is None else prefix_store(group_prefix, store),
+            rank=seat.rank,
+            world_size=seat.world_size,
+            timeout=timeout,
+        )
     world = World(
         rank=seat.rank,
         size=seat.world_size,
