@@ -109,27 +109,8 @@ def encode(record: Any, header: Mapping[str, Any] | None = None) -> dict[str, An
     hints = _hints(type(record))
     out: dict[str, Any] = dict(header or {})
     for f in _fields(type(record)):
-        out[f.name] = _encode(hints[f.name], getattr(record, f.name), rows=bool(f.metadata.get("rows")))
+        out[f.name] = _convert(hints[f.name], getattr(record, f.name), rows=bool(f.metadata.get("rows")))
     return out
-
-
-def _encode(tp: Any, value: Any, *, rows: bool = False) -> Any:
-    if value is None:
-        return None
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return _encode(next(a for a in args if a is not type(None)), value)
-    if dataclasses.is_dataclass(tp):
-        return encode(value)
-    if origin is tuple:
-        if rows:
-            return [[getattr(v, f.name) for f in _fields(type(v))] for v in value]
-        if len(args) == 2 and args[1] is Ellipsis:
-            return [_encode(args[0], v) for v in value]
-        return [_encode(a, v) for a, v in zip(args, value, strict=True)]
-    if origin in (Mapping, dict, typing.Mapping):
-        return {k: _encode(args[1], v) for k, v in value.items()}
-    return value
 
 
 def decode(cls: type[T], data: Mapping[str, Any]) -> T:
@@ -139,31 +120,37 @@ def decode(cls: type[T], data: Mapping[str, Any]) -> T:
     for f in _fields(cls):
         if f.name not in data:
             continue  # the field's default
-        kwargs[f.name] = _decode(hints[f.name], data[f.name], rows=bool(f.metadata.get("rows")))
+        value = data[f.name]
+        kwargs[f.name] = _convert(hints[f.name], value, rows=bool(f.metadata.get("rows")), reading=True)
     return cls(**kwargs)
 
 
-def _decode(tp: Any, value: Any, *, rows: bool = False) -> Any:
+def _convert(tp: Any, value: Any, *, rows: bool = False, reading: bool = False) -> Any:
+    """``value`` of type ``tp`` to its stored form, or (``reading``) back from it."""
     if value is None:
         return None
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        return _decode(next(a for a in args if a is not type(None)), value)
+        return _convert(next(a for a in args if a is not type(None)), value, reading=reading)
     if dataclasses.is_dataclass(tp):
-        return decode(tp, value)  # type: ignore[arg-type]
+        return decode(tp, value) if reading else encode(value)  # type: ignore[arg-type]
     if origin is tuple:
         if rows:
-            return tuple(_decode_row(args[0], row) for row in value)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(args[0], v) for v in value)
-        return tuple(_decode(a, v) for a, v in zip(args, value, strict=True))
+            if reading:
+                return tuple(_decode_row(args[0], row) for row in value)
+            return [[getattr(v, f.name) for f in _fields(type(v))] for v in value]
+        hints = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        items = [_convert(h, v, reading=reading) for h, v in zip(hints, value, strict=True)]
+        return tuple(items) if reading else items
     if origin in (Mapping, dict, typing.Mapping):
-        return {k: _decode(args[1], v) for k, v in value.items()}
-    if tp in (int, float, bool):
+        return {k: _convert(args[1], v, reading=reading) for k, v in value.items()}
+    if reading and tp in (int, float, bool):
         return tp(value)
     return value
 
 
 def _decode_row(cls: type[T], row: list[Any]) -> T:
     hints = _hints(cls)
-    return cls(**{f.name: _decode(hints[f.name], v) for f, v in zip(_fields(cls), row, strict=True)})
+    return cls(
+        **{f.name: _convert(hints[f.name], v, reading=True) for f, v in zip(_fields(cls), row, strict=True)}
+    )
