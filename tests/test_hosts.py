@@ -10,6 +10,10 @@ command's working directory). Skipped, with the reason, where this machine canno
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +66,6 @@ def hosts(pytester: pytest.Pytester, *pytest_args: str, options: tuple[str, ...]
 
 def _ours() -> set[str]:
     """This machine's leftovers of runs: run directories and interfaces named for a run."""
-    import subprocess
 
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
@@ -175,6 +178,15 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     report = json.loads((pytester.path / "report.json").read_text())
     assert report["environment"]["hosts"] == ["host1", "host2"]
     assert report["environment"]["launcher"] == "mpiexec"
+    # what crossed hosts, as the run lists it: the agents' connections to the controller, the launch, the
+    # rendezvous and gloo pairs of tests and sub-worlds
+    err_lines = err.splitlines()
+    crossed = err_lines[err_lines.index(next(x for x in err_lines if "what crossed hosts" in x)) + 1 :]
+    assert any("host2 rank agent -> host1 pytest controller" in x for x in crossed), crossed
+    assert any("host1 launcher-exec (ssh) -> host2 hosts daemon (ssh)" in x for x in crossed), crossed
+    assert any(re.search(r"host\d test/sub-world rank -> host\d test/sub-world rank", x) for x in crossed), (
+        crossed
+    )
     tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in report["tests"]}
     spans = tests["test_world_spans_the_hosts"]
     assert sorted(r["host"] for r in spans["ranks"]) == ["host1", "host1", "host2", "host2"]
@@ -193,7 +205,6 @@ def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
 
 def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path) -> None:
     """A run whose process was killed (its directory names a dead owner) is cleaned by the next run."""
-    import subprocess
 
     from pytest_sprite.hosts.machine import clean_leftovers
 
@@ -336,3 +347,38 @@ def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
             ]
         )
     assert "host2's link" in result.stderr.str() and "is down" in result.stderr.str()
+
+
+def test_ctrl_c_removes_everything(pytester: pytest.Pytester) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) mid-test: pytest stops, then the hosts go, all of them."""
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+
+        @pytest.mark.ranks(4)
+        def test_long(world):
+            open(f"started{world.rank}", "w").close()
+            time.sleep(300)
+        """
+    )
+    before = _ours()
+    command = [sys.executable, "-m", "pytest_sprite", "hosts", "2", "--", sys.executable, "-m", "pytest"]
+    command += ["-p", "no:cacheprovider", "--ranks=4"]
+    proc = subprocess.Popen(
+        command, cwd=pytester.path, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while (
+        len(list(pytester.path.glob("started*"))) < 4 and time.monotonic() < deadline and proc.poll() is None
+    ):
+        time.sleep(0.2)
+    assert len(list(pytester.path.glob("started*"))) == 4
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    text = out.decode(errors="replace")
+    print(text)
+    assert proc.returncode == 2, text  # pytest's status for an interrupted session
+    assert "KeyboardInterrupt" in text
+    assert "removed 2 hosts" in text
+    assert _ours() == before

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from .crossings import Crossings
 from .machine import Machine, cannot_make_hosts
 
 __all__ = ["UNAVAILABLE", "main"]
@@ -166,9 +167,19 @@ def main(argv: Sequence[str]) -> int:
                 file=sys.stderr,
             )
             print(f"{_PREFIX} host1$ {shlex.join(words)}", file=sys.stderr, flush=True)
+            crossings = Crossings(machine.hosts)
+            crossings.start()
             child = machine.run(machine.hosts[0], words, env=dict(os.environ, **env))
             status = _wait(child, interrupted)
+            crossings.stop()
             lost = [h.name for h in machine.hosts if h.lost]
+        print(f"{_PREFIX} what crossed hosts (client -> server, TCP connections seen):", file=sys.stderr)
+        try:
+            crossed = crossings.lines() or ["nothing"]
+        except (KeyError, ValueError, TypeError) as exc:  # never let the summary cost the exit status
+            crossed = [f"could not say ({exc!r})"]
+        for line in crossed:
+            print(f"    {line}", file=sys.stderr)
         print(
             f"{_PREFIX} pytest exited {status}; removed {args.n} hosts, their links, bridge {machine.bridge} "
             f"and {machine.workdir}" + (f" (lost during the run: {', '.join(lost)})" if lost else ""),

@@ -70,6 +70,13 @@ def _carried() -> list[str]:
     return sorted(under)
 
 
+_DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _die_with_parent() -> None:
     """In a child before exec: SIGKILL when the process that started it dies (even by SIGKILL)."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -341,8 +348,13 @@ class Machine:
         ]
 
     def run(self, host: Host, argv: Sequence[str], **popen: object) -> subprocess.Popen[bytes]:
-        """Start ``argv`` on ``host`` (it inherits this process's terminal and environment unless told)."""
-        return subprocess.Popen([*self.enter(host), *argv], **popen)  # type: ignore[call-overload, no-any-return]
+        """Start ``argv`` on ``host`` (it inherits this process's terminal and environment unless told).
+
+        A Ctrl-C at the terminal reaches ``argv`` (pytest stops and says so) but not ``nsenter``, which
+        stays to report ``argv``'s exit status: nsenter ignores SIGINT, and ``argv`` gets it back.
+        """
+        words = [*self.enter(host), sys.executable, "-c", _DEFAULT_SIGINT, *argv]
+        return subprocess.Popen(words, preexec_fn=_ignore_sigint, **popen)  # type: ignore[call-overload, no-any-return]
 
     def kill_host(self, name: str) -> str:
         """Lose ``name``: SIGKILL its process 1, which ends every process of the host at once."""
