@@ -26,7 +26,8 @@ from pytest_sprite.hosts.machine import ROOT
 
 _WHY_NOT = cannot_make_hosts()
 
-pytestmark = [pytest.mark.cpu, pytest.mark.skipif(_WHY_NOT is not None, reason=f"no hosts here: {_WHY_NOT}")]
+pytestmark = pytest.mark.cpu
+needs_hosts = pytest.mark.skipif(_WHY_NOT is not None, reason=f"no hosts here: {_WHY_NOT}")
 
 TIMEOUT = 240
 SLOW = 4
@@ -154,6 +155,7 @@ def pytest_runtest_protocol(item):
 """
 
 
+@needs_hosts
 def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     """Everything a ranks session does, with the controller on host1 and the ranks on host1 and host2."""
     pytester.makeconftest(COLLECTED)
@@ -194,6 +196,7 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     assert [r["host"] for r in tests["test_packed_a"]["ranks"]] == ["host1", "host1"]
 
 
+@needs_hosts
 def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
     """A bad request is refused before anything is made; nothing is left."""
     before = _ours()
@@ -203,6 +206,7 @@ def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
     assert _ours() == before
 
 
+@needs_hosts
 def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path) -> None:
     """A run whose process was killed (its directory names a dead owner) is cleaned by the next run."""
 
@@ -222,6 +226,7 @@ def test_leftovers_of_a_killed_run_are_removed(tmp_path: Path) -> None:
     assert not directory.exists()
 
 
+@needs_hosts
 def test_a_stale_rank_on_one_host_is_there_only(pytester: pytest.Pytester) -> None:
     """``--host-env host2:RANK=0`` is in host2's login environment only (the session test shows the
     plugin copes: its agents there drop it); the launch reaches host2 through the launcher-exec."""
@@ -284,6 +289,7 @@ def _host2_ranks(pytester: pytest.Pytester) -> list[int]:
     return sorted(i for i, r in enumerate(first["ranks"]) if r["host"] == "host2")
 
 
+@needs_hosts
 def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
     """Every process of host2 killed mid-collective: the test fails at once naming host2 and its ranks;
     the session goes on with host1's agents and nothing is left on either host."""
@@ -307,6 +313,7 @@ def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
     assert took < 120, took
 
 
+@needs_hosts
 def test_a_basetemp_host2_cannot_see(pytester: pytest.Pytester) -> None:
     """A basetemp in host1's own /tmp: host2's ranks fail with the existing clear error, naming host2."""
     pytester.makepyfile(
@@ -329,6 +336,7 @@ def test_a_basetemp_host2_cannot_see(pytester: pytest.Pytester) -> None:
     assert "(host1)" not in result.stdout.str()
 
 
+@needs_hosts
 @pytest.mark.slow
 def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
     """host2's link down mid-collective: host1's ranks hang until --rank-timeout and are shown where they
@@ -349,6 +357,7 @@ def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
     assert "host2's link" in result.stderr.str() and "is down" in result.stderr.str()
 
 
+@needs_hosts
 def test_ctrl_c_removes_everything(pytester: pytest.Pytester) -> None:
     """Ctrl-C (SIGINT to the terminal's process group) mid-test: pytest stops, then the hosts go, all of them."""
     pytester.makepyfile(
@@ -382,3 +391,22 @@ def test_ctrl_c_removes_everything(pytester: pytest.Pytester) -> None:
     assert "KeyboardInterrupt" in text
     assert "removed 2 hosts" in text
     assert _ours() == before
+
+
+def test_a_machine_that_cannot_make_hosts_says_why(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not root, or no ``ip``: the reason, exit status 6, nothing made (the tests above skip with it)."""
+    from pytest_sprite.hosts import machine
+
+    monkeypatch.setattr(machine.os, "geteuid", lambda: 1000)
+    assert machine.cannot_make_hosts() == (
+        "hosts need root (network, UTS, mount and PID namespaces, a bridge); run as root"
+    )
+    monkeypatch.undo()
+    result = pytester.run(
+        "env", "PATH=/nonexistent", sys.executable, "-m", "pytest_sprite", "hosts", "2", "--", "pytest"
+    )
+    assert result.ret == 6
+    why = "hosts need `ip` (iproute2), which is not on PATH" if _WHY_NOT is None else _WHY_NOT
+    assert result.stderr.lines == [f"pytest-sprite hosts: cannot make hosts on this machine: {why}"]
