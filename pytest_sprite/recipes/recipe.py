@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from pytest_sprite._results import progress
-from pytest_sprite._timing import perf_counter
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.results import progress
+from pytest_sprite.plumbing.timing import perf_counter
 from pytest_sprite.recipes._shard import default_shard
 from pytest_sprite.recipes.arm_request import FAULT_NEEDS, ArmRequest
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_STEPS
@@ -35,6 +35,7 @@ from pytest_sprite.recipes.resolve import (
     linear_sites,
     model_identity,
 )
+from pytest_sprite.recipes.store import obtain, store_key
 from pytest_sprite.records import (
     BF16_PRECISION,
     DISTRIBUTED_ARMS,
@@ -288,7 +289,7 @@ class Recipe:
 
 def _test_artifacts() -> ArtifactDir | None:
     """The running test's ``--sprite-artifacts`` directory (where a resume check stores its run), if any."""
-    from pytest_sprite._results import running_item
+    from pytest_sprite.glue.results import running_item
     from pytest_sprite.recipes.artifacts import test_artifacts
 
     item = running_item()
@@ -297,7 +298,7 @@ def _test_artifacts() -> ArtifactDir | None:
 
 def _world_of_one() -> World:
     """The world of a test that runs without the ranks marker (and did not ask for the world fixture)."""
-    from pytest_sprite._device import select_device
+    from pytest_sprite.env.device import select_device
     from pytest_sprite.world import World
 
     device, _ = select_device("auto", 0, 1, bind=False)
@@ -326,16 +327,23 @@ def run_recipe(
         target = world.run_on_rank(
             0, artifacts.next_arm_dir, arm=request.arm, accumulate=request.accumulate, fault=request.fault
         )
-    progress(
+    what = (
         f"arm {request.arm}, {request.precision}"
         + (f", accumulate {request.accumulate}" if request.accumulate != 1 else "")
         + (f", fault {request.fault}" if request.fault else "")
     )
-    start = perf_counter()
-    record = _train(recipe, request, arm, world)
-    # Rank 0's wall time, so the record stays identical on every rank.
-    elapsed = world.broadcast_object(perf_counter() - start)
-    record = dataclasses.replace(record, wall_s=elapsed)
+    progress(what)
+
+    def compute() -> ArmRecord | Bf16ArmRecord:
+        start = perf_counter()
+        trained = _train(recipe, request, arm, world)
+        # Rank 0's wall time, so the record stays identical on every rank.
+        elapsed = world.broadcast_object(perf_counter() - start)
+        return dataclasses.replace(trained, wall_s=elapsed)
+
+    # A faulted arm is never stored, nor taken from the store: it is computed here, every time.
+    key = None if request.fault is not None else (lambda: store_key(recipe, request, arm.identity, world))
+    record, _ = obtain(what, compute, world=world, key=key)
     if artifacts is not None and target is not None:
         world.run_on_rank(0, artifacts.write, target, record)
         record = dataclasses.replace(record, source=str(target))

@@ -1,0 +1,404 @@
+"""The session store of clean results: a fault case takes the clean references the session already computed.
+
+The lightning-sprite seed runs its fault cases "after the clean arms, each in fault_<name>/ against the clean
+references": six clean arms and one faulted arm per case. Each test here stays independent (``-k wrong-scale``
+alone computes what it needs), so the store does the sharing: :func:`obtain` gives a clean arm's record from
+the store, or computes it and puts it there. Faulted results are never stored.
+
+A result is keyed by everything that determines it (:func:`store_key`): the recipe's identity (model, rows and
+their digest, seed, lr, steps, global batch, clip), its callables, the arm, the precision, the accumulation,
+the world size and layout, the device kind and the strategy class. The store lives in the session's basetemp,
+so ranks and sub-worlds on every node see it (``--basetemp`` on a shared filesystem on a cluster). Rank 0 does
+every file operation: it holds a lock file per key while the arm computes, so two tests side by side that need
+the same result compute it once and the other waits; results are written by atomic rename.
+
+Trust, but check: reuse means something only for a deterministic recipe. The first time a session would reuse
+a result, the arm is computed again and the two digests compared (:func:`record_digest`: every field but the
+wall time and the source). If they differ, reuse is refused for the rest of the session with a message, and
+every later arm is computed in its own test; the verdicts stay correct, only slower.
+
+``--sprite-reuse=auto`` (default) or ``off`` (ini ``sprite_reuse``, environment ``SPRITE_REUSE``). Every arm run
+the session computes is counted in the store (``runs.log``), on and off, so the progress lines (``-v``) say
+how many arms the session trained. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from pytest_sprite.glue.results import progress, running_item
+
+if TYPE_CHECKING:
+    from pytest_sprite.recipes.arm_request import ArmRequest
+    from pytest_sprite.recipes.recipe import Recipe
+    from pytest_sprite.records import RecipeIdentity
+    from pytest_sprite.world import World
+
+__all__ = [
+    "ReuseRefusedWarning",
+    "SessionStore",
+    "obtain",
+    "record_digest",
+    "session_store",
+    "store_key",
+]
+
+STORE_DIR: Final = "sprite-store"
+"""The store's directory in the session's basetemp."""
+RUNS_LOG: Final = "runs.log"
+"""One line per arm run the session computed: ``<kind> <test> <what>``; kind ``run`` or ``check``."""
+_TRUST: Final = "trust"
+"""The session's verdict on reuse: ``ok``, or ``refused`` and the message."""
+_CLAIM: Final = "trust.claim"
+"""Made (exclusively) by the test that runs the session's one reuse check."""
+_SKIPPED_FIELDS: Final = ("wall_s", "source")
+"""Record fields that differ between two runs of the same arm without meaning anything."""
+
+R = TypeVar("R")
+
+
+class ReuseRefusedWarning(UserWarning):
+    """Two runs of the same clean arm differed: the session stops reusing results (``--sprite-reuse``)."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a record came from: computed in this test, or reused from another test's run."""
+
+    reused_from: str | None = None
+    """The test that computed the record, None when this test computed it."""
+
+    def describe(self) -> str:
+        return "computed in this test" if self.reused_from is None else f"reused from {self.reused_from}"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Rank 0's decision for one key, broadcast to every rank."""
+
+    kind: str
+    """``compute`` (lock held, store the result), ``reuse``, ``check`` (compute, compare) or ``alone``."""
+    origin: str | None = None
+
+
+class SessionStore:
+    """The store of one session under ``root``; its file operations run on rank 0 only."""
+
+    def __init__(self, root: Path, *, test: str) -> None:
+        self.root = root
+        self.test = test
+        self._locks: dict[str, int] = {}
+
+    # --- counting ------------------------------------------------------------------------------------
+
+    def count_run(self, what: str, *, kind: str = "run") -> int:
+        """Count one computed arm run; return how many plain runs the session has computed so far."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        line = f"{kind} {self.test} {what}\n".encode()
+        fd = os.open(self.root / RUNS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return self.counts()["run"]
+
+    def counts(self) -> dict[str, int]:
+        """Arm runs computed so far in the session: ``run`` (training) and ``check`` (reuse checks)."""
+        return run_counts(self.root)
+
+    # --- trust ---------------------------------------------------------------------------------------
+
+    def trust(self) -> str | None:
+        """``ok``, ``refused`` (with the message after a newline), or None while unchecked."""
+        try:
+            return (self.root / _TRUST).read_text()
+        except FileNotFoundError:
+            return None
+
+    def claim_check(self) -> bool:
+        """Whether this test runs the session's one reuse check (True for exactly one caller)."""
+        try:
+            os.close(os.open(self.root / _CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return False
+        return True
+
+    def set_trust(self, text: str) -> None:
+        _atomic_write(self.root / _TRUST, text.encode())
+
+    # --- results -------------------------------------------------------------------------------------
+
+    def begin(self, key: str) -> _Plan:
+        """Decide what to do for ``key``; for ``compute`` the key's lock stays held until :meth:`finish`."""
+        trust = self.trust()
+        if trust is not None and trust.startswith("refused"):
+            return _Plan("alone")
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        _lock(fd)  # waits while another test computes this result
+        stored = self._read(key)
+        if stored is None:
+            self._locks[key] = fd
+            return _Plan("compute")
+        _unlock(fd)
+        origin = stored["test"]
+        if trust is None:
+            return _Plan("check" if self.claim_check() else "alone", origin)
+        return _Plan("reuse", origin)
+
+    def finish(self, key: str, record: Any | None) -> None:
+        """Store ``record`` (None: the arm failed, store nothing) and release the key's lock."""
+        fd = self._locks.pop(key, None)
+        try:
+            if record is not None:
+                entry = {"test": self.test, "digest": record_digest(record), "record": record}
+                _atomic_write(self.root / f"{key}.pkl", pickle.dumps(entry))
+        finally:
+            if fd is not None:
+                _unlock(fd)
+
+    def load(self, key: str) -> Any:
+        entry = self._read(key)
+        if entry is None:
+            raise RuntimeError(f"the session store lost result {key} under {self.root}")
+        return entry["record"]
+
+    def check(self, key: str, fresh: Any, what: str) -> str | None:
+        """Compare a fresh run with the stored one; set the session's trust; the refusal message, if any."""
+        entry = self._read(key)
+        if entry is None:
+            return None
+        digest = record_digest(fresh)
+        if digest == entry["digest"]:
+            self.set_trust("ok\n")
+            return None
+        message = (
+            f"two fault-free runs of the same clean arm ({what}) differ: {entry['test']} computed digest "
+            f"{entry['digest'][:16]}, {self.test} computed {digest[:16]} with the same recipe identity, arm, "
+            "precision, world and strategy. The recipe is not deterministic (unseeded randomness, "
+            "nondeterministic kernels or reductions), so a stored result cannot stand in for a new run: reuse "
+            "is refused for the rest of this session and every test computes its own clean references "
+            "(the verdicts stay correct, only slower). Seed every random draw, or pass --sprite-reuse=off."
+        )
+        self.set_trust("refused\n" + message)
+        return message
+
+    def _read(self, key: str) -> dict[str, Any] | None:
+        try:
+            data = (self.root / f"{key}.pkl").read_bytes()
+        except FileNotFoundError:
+            return None
+        entry: dict[str, Any] = pickle.loads(data)
+        return entry
+
+
+def run_counts(root: Path) -> dict[str, int]:
+    """The arm runs counted under a store directory: ``run`` and ``check``."""
+    counts = {"run": 0, "check": 0}
+    try:
+        lines = (root / RUNS_LOG).read_text().splitlines()
+    except FileNotFoundError:
+        return counts
+    for line in lines:
+        kind = line.split(" ", 1)[0]
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def _lock(fd: int) -> None:
+    import fcntl
+
+    fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _unlock(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a reader never sees half a result."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# -------------------------------------------------------------------------------------------------------
+# keys and digests
+
+
+def store_key(recipe: Recipe, request: ArmRequest, identity: RecipeIdentity, world: World) -> str:
+    """A digest of everything that determines a clean arm's result (the store's file name for it)."""
+    fields: dict[str, Any] = {
+        "recipe": {
+            "class": _qualname(type(recipe)),
+            "name": recipe.name,
+            "model": _qualname(recipe.model),
+            "rows": _qualname(recipe.rows),
+            "loss": _qualname(recipe.loss),
+            "shard": _qualname(recipe.shard),
+            "linear_sites": list(recipe.linear_sites) if recipe.linear_sites is not None else None,
+            "backbone": recipe.backbone,
+            "adapter": recipe.adapter,
+        },
+        "identity": {f.name: getattr(identity, f.name) for f in dataclasses.fields(identity)},
+        "arm": request.arm,
+        "precision": request.precision,
+        "accumulate": request.accumulate,
+        "world": {"size": world.size, "local_size": world.local_size},
+        "device": world.device.type,
+        "strategy": _qualname(type(request.strategy)) if request.strategy is not None else None,
+    }
+    text = json.dumps(fields, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _qualname(obj: object) -> str | None:
+    """``module.qualname`` of a class or function; a callable object's class and its repr (lora_qwen's)."""
+    if obj is None:
+        return None
+    if hasattr(obj, "__qualname__"):
+        return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}:{obj!r}"
+
+
+def record_digest(record: Any) -> str:
+    """SHA-256 of a record's every field but the wall time and the source: equal digests, same result."""
+    h = hashlib.sha256()
+    _feed(
+        h,
+        {
+            f.name: getattr(record, f.name)
+            for f in dataclasses.fields(record)
+            if f.name not in _SKIPPED_FIELDS
+        },
+    )
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        h.update(f"<{type(value).__name__}>".encode())
+        _feed(h, {f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
+    elif isinstance(value, Mapping):
+        h.update(b"{")
+        for k in sorted(value, key=str):
+            h.update(f"{k!s}:".encode())
+            _feed(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[")
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    elif type(value).__module__ == "torch" and type(value).__name__ in ("Tensor", "Parameter"):
+        from pytest_sprite.records import tensor_digest
+
+        h.update(tensor_digest(value).encode())
+    elif isinstance(value, float):
+        h.update(float.hex(value).encode())
+    else:
+        h.update(repr(value).encode())
+    h.update(b";")
+
+
+# -------------------------------------------------------------------------------------------------------
+# the one entry point the arm runners use
+
+
+def reuse_mode() -> str | None:
+    """``auto`` or ``off`` for the running test's session; None outside a pytest test."""
+    item = running_item()
+    if item is None:
+        return None
+    from pytest_sprite.glue.options import settings_key
+
+    settings = item.config.stash.get(settings_key, None)
+    return getattr(settings, "reuse", "auto") if settings is not None else "auto"
+
+
+def session_store() -> SessionStore | None:
+    """The running test's session store (in its basetemp), None outside a pytest test."""
+    item = running_item()
+    if item is None:
+        return None
+    from pytest_sprite.glue.pytest_internals import tmp_path_factory
+
+    try:
+        basetemp = Path(tmp_path_factory(item.config).getbasetemp())
+    except Exception:  # no basetemp: nothing to share, the arm is computed as before
+        return None
+    return SessionStore(basetemp / STORE_DIR, test=item.nodeid)
+
+
+def obtain(
+    what: str,
+    compute: Callable[[], R],
+    *,
+    world: World,
+    key: Callable[[], str] | None,
+) -> tuple[R, Origin]:
+    """A clean arm's record from the store, or ``compute()`` on every rank (and stored); faulted: ``key=None``.
+
+    Call on every rank of the test. ``what`` names the arm in progress lines and messages.
+    """
+    store = world.run_on_rank(0, session_store)
+    mode = world.run_on_rank(0, reuse_mode)
+    mine = store if world.rank == 0 else None
+    if store is None or key is None or mode == "off":
+        return _computed(what, compute, mine), Origin()
+    k = key()
+    plan = world.run_on_rank(0, store.begin, k)
+    if plan.kind == "reuse":
+        record: R = world.run_on_rank(0, store.load, k)
+        progress(f"{what}: reused from {plan.origin}{_tally(mine)}")
+        return record, Origin(plan.origin)
+    if plan.kind == "compute":
+        done: R | None = None
+        try:
+            done = _computed(what, compute, mine)
+        finally:
+            if mine is not None:
+                mine.finish(k, done)
+        assert done is not None
+        return done, Origin()
+    if plan.kind == "check":
+        fresh = _computed(what, compute, mine, kind="check")
+        message = world.run_on_rank(0, store.check, k, fresh, what)
+        if message is None:
+            progress(f"{what}: reuse check passed (recomputed: the same digest as {plan.origin}'s)")
+        else:
+            progress(f"{what}: reuse refused: {message}")
+            warnings.warn(ReuseRefusedWarning(message), stacklevel=2)
+        return fresh, Origin()
+    return _computed(what, compute, mine), Origin()
+
+
+def _computed(what: str, compute: Callable[[], R], store: SessionStore | None, *, kind: str = "run") -> R:
+    record = compute()
+    if store is not None:
+        store.count_run(what, kind=kind)
+    progress(f"{what}: computed in this test{_tally(store)}")
+    return record
+
+
+def _tally(store: SessionStore | None) -> str:
+    if store is None:
+        return ""
+    counts = store.counts()
+    check = f" + {counts['check']} reuse check" if counts["check"] else ""
+    return f" (arm runs this session: {counts['run']}{check})"
