@@ -41,7 +41,6 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def hosts(pytester: pytest.Pytester, *pytest_args: str, options: tuple[str, ...] = ()) -> pytest.RunResult:
     """``python -m pytest_sprite hosts 2 [options] -- python -m pytest <args>`` in pytester's directory."""
-    before = _ours()
     result = pytester.run(
         sys.executable,
         "-m",
@@ -61,17 +60,20 @@ def hosts(pytester: pytest.Pytester, *pytest_args: str, options: tuple[str, ...]
     )
     print(result.stdout.str())
     print(result.stderr.str())
-    assert _ours() == before, "the run left hosts behind"
+    assert _left_by(result.stderr.str()) == set(), "the run left hosts behind"
     return result
 
 
-def _ours() -> set[str]:
-    """This machine's leftovers of runs: run directories and interfaces named for a run."""
-
+def _left_by(output: str) -> set[str]:
+    """What the run whose output this is left on the machine: its directory and interfaces (all carry its
+    id, so other runs on the machine, yours or a colleague's, do not count)."""
+    found = re.search(r"bridge spb([0-9a-f]{6}) ", output)
+    assert found, output
+    run_id = found.group(1)
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
-    dirs = {p.name for p in ROOT.glob("sprite-hosts-*")}
-    return {n for n in names if n.startswith("sp")} | dirs
+    left = {n for n in names if run_id in n}
+    return left | {p.name for p in ROOT.glob(f"sprite-hosts-{run_id}")}
 
 
 WORLD = """
@@ -199,11 +201,10 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
 @needs_hosts
 def test_what_this_machine_cannot_do_is_said(pytester: pytest.Pytester) -> None:
     """A bad request is refused before anything is made; nothing is left."""
-    before = _ours()
     result = pytester.run(sys.executable, "-m", "pytest_sprite", "hosts", "2", "--", "pytest", "--ranks=3")
     assert result.ret != 0
     assert "--ranks=3 does not spread evenly over 2 hosts" in result.stderr.str()
-    assert _ours() == before
+    assert "hosts on bridge" not in result.stderr.str()  # refused before anything was made
 
 
 @needs_hosts
@@ -371,7 +372,6 @@ def test_ctrl_c_removes_everything(pytester: pytest.Pytester) -> None:
             time.sleep(300)
         """
     )
-    before = _ours()
     command = [sys.executable, "-m", "pytest_sprite", "hosts", "2", "--", sys.executable, "-m", "pytest"]
     command += ["-p", "no:cacheprovider", "--ranks=4"]
     proc = subprocess.Popen(
@@ -390,7 +390,7 @@ def test_ctrl_c_removes_everything(pytester: pytest.Pytester) -> None:
     assert proc.returncode == 2, text  # pytest's status for an interrupted session
     assert "KeyboardInterrupt" in text
     assert "removed 2 hosts" in text
-    assert _ours() == before
+    assert _left_by(text) == set()
 
 
 def test_a_machine_that_cannot_make_hosts_says_why(

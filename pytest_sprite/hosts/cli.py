@@ -80,23 +80,32 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def check_command(command: Sequence[str], n: int) -> int | None:
+    """Ranks per host for a pytest command (None: not given, or not pytest); refuses what cannot run here."""
+    if not _is_pytest(command):
+        return None
+    launcher = _option(command, "--launcher")
+    if launcher not in (None, "mpiexec"):
+        raise SystemExit(f"{_PREFIX} the hosts are reached through --launcher=mpiexec, not {launcher}")
+    ranks_text = _option(command, "--ranks")
+    if ranks_text is None:
+        return None
+    if not ranks_text.isdigit() or int(ranks_text) % n:
+        raise SystemExit(f"{_PREFIX} --ranks={ranks_text} does not spread evenly over {n} hosts")
+    return int(ranks_text) // n
+
+
 def prepare_command(
     command: Sequence[str], machine: Machine, n: int
 ) -> tuple[list[str], dict[str, str], int | None]:
-    """The command with the launcher, ranks per host and basetemp; the environment that reaches the hosts."""
+    """The command with the launcher, ranks per host and basetemp; the environment that reaches the hosts.
+
+    Any command but pytest runs on host1 as it is (its own ``mpiexec`` still reaches every host).
+    """
     words = list(command)
-    per_host: int | None = None
-    if _is_pytest(words):  # any other command runs on host1 as it is (its mpiexec still reaches every host)
-        launcher = _option(words, "--launcher")
-        if launcher not in (None, "mpiexec"):
-            raise SystemExit(f"{_PREFIX} the hosts are reached through --launcher=mpiexec, not {launcher}")
-        ranks_text = _option(words, "--ranks")
-        if ranks_text is not None:
-            ranks = int(ranks_text)
-            if ranks % n:
-                raise SystemExit(f"{_PREFIX} --ranks={ranks} does not spread evenly over {n} hosts")
-            per_host = ranks // n
-        if launcher is None:
+    per_host = check_command(words, n)
+    if _is_pytest(words):
+        if _option(words, "--launcher") is None:
             words.append("--launcher=mpiexec")
         if per_host is not None and _option(words, "--ppn") is None:
             words.append(f"--ppn={per_host}")
@@ -124,6 +133,7 @@ def _is_pytest(words: Sequence[str]) -> bool:
 
 def main(argv: Sequence[str]) -> int:
     args = _parse(argv)
+    check_command(args.command, args.n)  # a command that cannot run is refused before anything is made
     reason = cannot_make_hosts()
     if reason is not None:
         print(f"{_PREFIX} cannot make hosts on this machine: {reason}", file=sys.stderr)

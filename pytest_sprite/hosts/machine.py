@@ -63,9 +63,8 @@ def cannot_make_hosts() -> str | None:
 
 def _carried() -> list[str]:
     """What of this machine's /tmp every host must still see: the Python environment, the package, the cwd."""
-    import pytest_sprite
-
-    wanted = {sys.prefix, sys.base_prefix, os.getcwd(), str(Path(pytest_sprite.__file__).parent.parent)}
+    package_home = Path(__file__).resolve().parents[2]  # the folder holding pytest_sprite/
+    wanted = {sys.prefix, sys.base_prefix, os.getcwd(), str(package_home)}
     under = [p for p in wanted if any(p == d or p.startswith(d + "/") for d in ("/tmp", "/dev/shm"))]
     return sorted(under)
 
