@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite.recipes.store import SessionStore, record_digest, run_counts
+pytest.importorskip("lightning")
+# Imported here, before pytester's in-process runs snapshot sys.modules: torch cannot be imported twice.
+import lightning.pytorch  # noqa: F401
+import torch  # noqa: F401
+
+from pytest_sprite.recipes.store import SessionStore, record_digest, run_counts, tally
 
 pytestmark = pytest.mark.cpu
 
@@ -65,10 +70,14 @@ def test_a_failed_arm_stores_nothing_and_frees_the_key(tmp_path: Path) -> None:
 
 def test_runs_are_counted_by_kind(tmp_path: Path) -> None:
     store = SessionStore(tmp_path, test="t::a")
-    assert store.count_run("arm ref, bf16-mixed") == 1
+    store.count_run("arm ref, bf16-mixed")
     store.count_run("arm ref, bf16-mixed", kind="check")
-    assert store.count_run("arm ddp, bf16-mixed") == 2
-    assert run_counts(tmp_path) == {"run": 2, "check": 1}
+    store.count_run("arm ddp, bf16-mixed")
+    store.count_run("roles fit, twin, killed", unit="role", units=3)
+    assert run_counts(tmp_path) == {"arm": 2, "role": 3, "arm check": 1, "role check": 0}
+    assert (
+        tally(run_counts(tmp_path)) == "arm runs this session: 2 + 1 reuse check, role runs this session: 3"
+    )
 
 
 RECIPES = '''

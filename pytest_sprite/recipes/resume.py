@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.resume_spec import RESUME_FAULTS, STRATEGIES, ResumeRecipe, RoleSpec
+from pytest_sprite.recipes.store import count_runs
 from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
 from pytest_sprite.subworld import KillAt, SubworldError, SubworldResult, run_subworld
 from pytest_sprite.world import World
@@ -57,28 +58,24 @@ def run_resume_roles(
     export: bool | None = None,
     fault: str | None = None,
     timeout: float = 300.0,
+    world: World | None = None,
 ) -> ResumeRun:
     """Run every role of one check in sub-worlds of ``ranks`` processes; call it on every rank of the test.
 
     ``recipe`` is a :class:`~pytest_sprite.recipes.resume_spec.ResumeRecipe`. Checkpoints go under
     ``directory`` (one subdirectory per role), which every rank must see. ``export`` defaults to True for
-    the strategies whose checkpoint is one file (ddp, fsdp_file).
+    the strategies whose checkpoint is one file (ddp, fsdp_file). With the test's ``world`` the roles
+    before the restore (fit, twin, killed: no fault reaches them) come from the session store when an
+    earlier test computed them (:mod:`pytest_sprite.recipes.store`); only the roles after it run here.
     """
     export, n = _check_plan(strategy, ranks=ranks, reshard=reshard, export=export)
     roles = _Roles(
         recipe=recipe, strategy=strategy, precision=precision, root=Path(directory), timeout=timeout
     )
-    roles.run("fit", n)
-    roles.run("twin", n)
-    kill_step = recipe.steps_per_epoch + 1
-    killed = roles.run("killed", n, kill=KillAt(event="step", at=kill_step))
-    if killed.killed() != list(range(n)):
-        raise SubworldError(
-            f"the killed role should have died at step {kill_step} on every rank, one step past its epoch-1 "
-            f"checkpoint:\n{killed.report()}",
-            killed,
-        )
-    checkpoint = str(roles.root / "killed" / "epoch=0.ckpt")
+    before = _before_restore(roles, n, world=world)
+    roles.records.update(before.records)
+    roles.timings.update(before.wall_s)
+    checkpoint = str(Path(before.source) / "killed" / "epoch=0.ckpt")
     roles.run("resume", n, resume_from=checkpoint, fault=fault)
     final = str(roles.root / "resume" / f"epoch={recipe.epochs - 1}.ckpt")
     roles.run("reload", n, resume_from=final, max_epochs=recipe.epochs + 1, stop_after_restore=True)
@@ -86,6 +83,8 @@ def run_resume_roles(
         roles.run("reshard", n // 2, resume_from=checkpoint)
     if export:
         roles.run("export", 1, strategy="single", resume_from=checkpoint)
+    after = [r for r in roles.records if r not in BEFORE_RESTORE]
+    count_runs(world, f"roles {', '.join(after)} of {strategy}, {precision}", unit="role", units=len(after))
     return ResumeRun(
         strategy=strategy,
         precision=precision,
@@ -99,6 +98,54 @@ def run_resume_roles(
         device_type=_device_type(roles.records["fit"][0]),
         directory=str(roles.root),
     )
+
+
+@dataclass(frozen=True)
+class _BeforeRestore:
+    """The roles before the restore: the uninterrupted fit, its twin, the killed fit (and its saves)."""
+
+    records: dict[str, tuple[RoleRecord, ...]]
+    wall_s: dict[str, tuple[float, float]]
+    """Each role's wall time and start (not part of what is compared)."""
+    source: str
+    """The directory the roles wrote their checkpoints under (``killed/epoch=0.ckpt`` is resumed)."""
+
+
+BEFORE_RESTORE: tuple[str, ...] = ("fit", "twin", "killed")
+
+
+def _before_restore(roles: _Roles, n: int, *, world: World | None) -> _BeforeRestore:
+    """The fault-free roles, from the session store or run here; a fault is planted only after the restore."""
+    from pytest_sprite.recipes.store import obtain, resume_key
+
+    def compute() -> _BeforeRestore:
+        roles.run("fit", n)
+        roles.run("twin", n)
+        kill_step = roles.recipe.steps_per_epoch + 1
+        killed = roles.run("killed", n, kill=KillAt(event="step", at=kill_step))
+        if killed.killed() != list(range(n)):
+            raise SubworldError(
+                f"the killed role should have died at step {kill_step} on every rank, one step past its "
+                f"epoch-1 checkpoint:\n{killed.report()}",
+                killed,
+            )
+        return _BeforeRestore(
+            records={r: roles.records[r] for r in BEFORE_RESTORE},
+            wall_s={r: roles.timings[r] for r in BEFORE_RESTORE},
+            source=str(roles.root),
+        )
+
+    what = f"roles {', '.join(BEFORE_RESTORE)} of {roles.strategy}, {roles.precision}"
+    if world is None:
+        return compute()
+
+    def key() -> str:
+        return resume_key(
+            roles.recipe, strategy=roles.strategy, precision=roles.precision, ranks=n, world=world
+        )
+
+    before, _ = obtain(what, compute, world=world, key=key, unit="role", units=len(BEFORE_RESTORE))
+    return before
 
 
 def _check_plan(strategy: str, *, ranks: int, reshard: bool, export: bool | None) -> tuple[bool, int]:
@@ -216,6 +263,7 @@ def resume_roles(
         reshard=reshard,
         export=export,
         fault=fault,
+        world=world,
     )
     folder = target if target is not None else run.directory
     stored = _on_rank0(world, write_resume_run, run, folder, fresh=target is not None)

@@ -38,8 +38,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from pytest_sprite.glue.results import progress, running_item
 
 if TYPE_CHECKING:
-    from pytest_sprite.recipes.arm_request import ArmRequest
-    from pytest_sprite.recipes.recipe import Recipe
     from pytest_sprite.records import RecipeIdentity
     from pytest_sprite.world import World
 
@@ -48,6 +46,7 @@ __all__ = [
     "SessionStore",
     "obtain",
     "record_digest",
+    "resume_key",
     "session_store",
     "store_key",
 ]
@@ -55,7 +54,8 @@ __all__ = [
 STORE_DIR: Final = "sprite-store"
 """The store's directory in the session's basetemp."""
 RUNS_LOG: Final = "runs.log"
-"""One line per arm run the session computed: ``<kind> <test> <what>``; kind ``run`` or ``check``."""
+"""One line per computation: ``<kind> <unit> <count> <test> <what>``; kind ``run`` or ``check``, unit ``arm``
+or ``role``."""
 _TRUST: Final = "trust"
 """The session's verdict on reuse: ``ok``, or ``refused`` and the message."""
 _CLAIM: Final = "trust.claim"
@@ -100,19 +100,18 @@ class SessionStore:
 
     # --- counting ------------------------------------------------------------------------------------
 
-    def count_run(self, what: str, *, kind: str = "run") -> int:
-        """Count one computed arm run; return how many plain runs the session has computed so far."""
+    def count_run(self, what: str, *, kind: str = "run", unit: str = "arm", units: int = 1) -> None:
+        """Count ``units`` computed runs of ``unit`` (arm or role); kind ``run`` or ``check`` (a reuse check)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        line = f"{kind} {self.test} {what}\n".encode()
+        line = f"{kind} {unit} {units} {self.test} {what}\n".encode()
         fd = os.open(self.root / RUNS_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, line)
         finally:
             os.close(fd)
-        return self.counts()["run"]
 
     def counts(self) -> dict[str, int]:
-        """Arm runs computed so far in the session: ``run`` (training) and ``check`` (reuse checks)."""
+        """Runs computed so far in the session (see :func:`run_counts`)."""
         return run_counts(self.root)
 
     # --- trust ---------------------------------------------------------------------------------------
@@ -161,6 +160,8 @@ class SessionStore:
         try:
             if record is not None:
                 entry = {"test": self.test, "digest": record_digest(record), "record": record}
+                if key in _KEY_TEXT:
+                    _atomic_write(self.root / f"{key}.json", _KEY_TEXT[key].encode())
                 _atomic_write(self.root / f"{key}.pkl", pickle.dumps(entry))
         finally:
             if fd is not None:
@@ -202,15 +203,17 @@ class SessionStore:
 
 
 def run_counts(root: Path) -> dict[str, int]:
-    """The arm runs counted under a store directory: ``run`` and ``check``."""
-    counts = {"run": 0, "check": 0}
+    """The runs counted under a store directory: ``arm`` and ``role`` (training), ``arm check`` and
+    ``role check`` (recomputed by the first reuse's check)."""
+    counts = {"arm": 0, "role": 0, "arm check": 0, "role check": 0}
     try:
         lines = (root / RUNS_LOG).read_text().splitlines()
     except FileNotFoundError:
         return counts
     for line in lines:
-        kind = line.split(" ", 1)[0]
-        counts[kind] = counts.get(kind, 0) + 1
+        kind, unit, units = line.split(" ", 3)[:3]
+        name = unit if kind == "run" else f"{unit} {kind}"
+        counts[name] = counts.get(name, 0) + int(units)
     return counts
 
 
@@ -240,20 +243,14 @@ def _atomic_write(path: Path, data: bytes) -> None:
 # keys and digests
 
 
-def store_key(recipe: Recipe, request: ArmRequest, identity: RecipeIdentity, world: World) -> str:
-    """A digest of everything that determines a clean arm's result (the store's file name for it)."""
+def store_key(recipe: Any, request: Any, identity: RecipeIdentity, world: World) -> str:
+    """A digest of everything that determines a clean arm's result (the store's file name for it).
+
+    ``recipe`` is a :class:`~pytest_sprite.recipes.recipe.Recipe` and ``request`` a checked
+    :class:`~pytest_sprite.recipes.arm_request.ArmRequest` (typed loosely: the store imports neither).
+    """
     fields: dict[str, Any] = {
-        "recipe": {
-            "class": _qualname(type(recipe)),
-            "name": recipe.name,
-            "model": _qualname(recipe.model),
-            "rows": _qualname(recipe.rows),
-            "loss": _qualname(recipe.loss),
-            "shard": _qualname(recipe.shard),
-            "linear_sites": list(recipe.linear_sites) if recipe.linear_sites is not None else None,
-            "backbone": recipe.backbone,
-            "adapter": recipe.adapter,
-        },
+        "recipe": _recipe_fields(recipe),
         "identity": {f.name: getattr(identity, f.name) for f in dataclasses.fields(identity)},
         "arm": request.arm,
         "precision": request.precision,
@@ -262,8 +259,50 @@ def store_key(recipe: Recipe, request: ArmRequest, identity: RecipeIdentity, wor
         "device": world.device.type,
         "strategy": _qualname(type(request.strategy)) if request.strategy is not None else None,
     }
-    text = json.dumps(fields, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    return _digest_of(fields)
+
+
+def resume_key(recipe: Any, *, strategy: str, precision: str, ranks: int, world: World) -> str:
+    """A digest of everything that determines the resume check's roles before the restore (``recipe``: a
+    :class:`~pytest_sprite.recipes.resume_spec.ResumeRecipe`)."""
+    fields: dict[str, Any] = {
+        "roles": "before-restore",
+        "recipe": _recipe_fields(recipe.source),
+        "resume": {f.name: getattr(recipe, f.name) for f in dataclasses.fields(recipe) if f.name != "source"},
+        "strategy": strategy,
+        "precision": precision,
+        "ranks": ranks,
+        "world": {"size": world.size, "local_size": world.local_size},
+        "device": world.device.type,
+    }
+    return _digest_of(fields)
+
+
+def _recipe_fields(recipe: Any) -> dict[str, Any]:
+    return {
+        "class": _qualname(type(recipe)),
+        "name": recipe.name,
+        "model": _qualname(recipe.model),
+        "rows": _qualname(recipe.rows),
+        "loss": _qualname(recipe.loss),
+        "shard": _qualname(recipe.shard),
+        "linear_sites": list(recipe.linear_sites) if recipe.linear_sites is not None else None,
+        "backbone": recipe.backbone,
+        "adapter": recipe.adapter,
+        "seed": recipe.seed,
+        "lr": recipe.lr,
+    }
+
+
+_KEY_TEXT: dict[str, str] = {}
+"""Each key this process made, as the JSON it digests (written beside the result as ``<key>.json``)."""
+
+
+def _digest_of(fields: dict[str, Any]) -> str:
+    text = json.dumps(fields, sort_keys=True, indent=1, default=repr)
+    key = hashlib.sha256(text.encode()).hexdigest()[:32]
+    _KEY_TEXT[key] = text
+    return key
 
 
 def _qualname(obj: object) -> str | None:
@@ -331,6 +370,15 @@ def reuse_mode() -> str | None:
     return getattr(settings, "reuse", "auto") if settings is not None else "auto"
 
 
+def count_runs(world: World | None, what: str, *, unit: str, units: int) -> None:
+    """Count runs computed outside :func:`obtain` (a resume check's roles after the restore); call on every rank."""
+    if world is None or world.rank != 0 or units < 1:
+        return
+    store = session_store()
+    if store is not None:
+        store.count_run(what, unit=unit, units=units)
+
+
 def session_store() -> SessionStore | None:
     """The running test's session store (in its basetemp), None outside a pytest test."""
     item = running_item()
@@ -351,6 +399,8 @@ def obtain(
     *,
     world: World,
     key: Callable[[], str] | None,
+    unit: str = "arm",
+    units: int = 1,
 ) -> tuple[R, Origin]:
     """A clean arm's record from the store, or ``compute()`` on every rank (and stored); faulted: ``key=None``.
 
@@ -360,7 +410,7 @@ def obtain(
     mode = world.run_on_rank(0, reuse_mode)
     mine = store if world.rank == 0 else None
     if store is None or key is None or mode == "off":
-        return _computed(what, compute, mine), Origin()
+        return _computed(what, compute, mine, unit=unit, units=units), Origin()
     k = key()
     plan = world.run_on_rank(0, store.begin, k)
     if plan.kind == "reuse":
@@ -370,14 +420,14 @@ def obtain(
     if plan.kind == "compute":
         done: R | None = None
         try:
-            done = _computed(what, compute, mine)
+            done = _computed(what, compute, mine, unit=unit, units=units)
         finally:
             if mine is not None:
                 mine.finish(k, done)
         assert done is not None
         return done, Origin()
     if plan.kind == "check":
-        fresh = _computed(what, compute, mine, kind="check")
+        fresh = _computed(what, compute, mine, kind="check", unit=unit, units=units)
         message = world.run_on_rank(0, store.check, k, fresh, what)
         if message is None:
             progress(f"{what}: reuse check passed (recomputed: the same digest as {plan.origin}'s)")
@@ -385,20 +435,38 @@ def obtain(
             progress(f"{what}: reuse refused: {message}")
             warnings.warn(ReuseRefusedWarning(message), stacklevel=2)
         return fresh, Origin()
-    return _computed(what, compute, mine), Origin()
+    return _computed(what, compute, mine, unit=unit, units=units), Origin()
 
 
-def _computed(what: str, compute: Callable[[], R], store: SessionStore | None, *, kind: str = "run") -> R:
+def _computed(
+    what: str,
+    compute: Callable[[], R],
+    store: SessionStore | None,
+    *,
+    kind: str = "run",
+    unit: str = "arm",
+    units: int = 1,
+) -> R:
     record = compute()
     if store is not None:
-        store.count_run(what, kind=kind)
+        store.count_run(what, kind=kind, unit=unit, units=units)
     progress(f"{what}: computed in this test{_tally(store)}")
     return record
+
+
+def tally(counts: Mapping[str, int]) -> str:
+    """``arm runs 14 + 1 reuse check, role runs 0``: what a session computed, for progress lines and benches."""
+    parts = []
+    for unit in ("arm", "role"):
+        if counts.get(unit) or counts.get(f"{unit} check"):
+            check = counts.get(f"{unit} check", 0)
+            parts.append(
+                f"{unit} runs this session: {counts[unit]}" + (f" + {check} reuse check" if check else "")
+            )
+    return ", ".join(parts)
 
 
 def _tally(store: SessionStore | None) -> str:
     if store is None:
         return ""
-    counts = store.counts()
-    check = f" + {counts['check']} reuse check" if counts["check"] else ""
-    return f" (arm runs this session: {counts['run']}{check})"
+    return f" ({tally(store.counts())})"
