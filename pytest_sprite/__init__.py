@@ -113,23 +113,21 @@ _LAZY = {
     "note_resumed_from": "pytest_sprite.chaos.inject",
     "note_save_complete": "pytest_sprite.chaos.inject",
     "assert_parity": "pytest_sprite.assertions.parity",
-    "assertion_results": "pytest_sprite._results",
+    "assertion_results": "pytest_sprite.glue.results",
     "assert_resume_bitexact": "pytest_sprite.assertions.resume",
-    "collected": "pytest_sprite._collected",
+    "collected": "pytest_sprite.glue.collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
     "expect_fault_rejected": "pytest_sprite.assertions.faults",
     "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
-    "progress": "pytest_sprite._results",
-    "record_assertion": "pytest_sprite._results",
+    "progress": "pytest_sprite.glue.results",
+    "record_assertion": "pytest_sprite.glue.results",
     "run_subworld": "pytest_sprite.subworld",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
 
 if TYPE_CHECKING:
-    from ._collected import collected
-    from ._results import assertion_results, progress, record_assertion
     from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.crash_consistency import (
         CrashConsistencyError,
@@ -158,6 +156,8 @@ if TYPE_CHECKING:
     from .chaos.inject import note_resumed_from, note_save_complete
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
     from .faults import FAULTS, Fault
+    from .glue.collected import collected
+    from .glue.results import assertion_results, progress, record_assertion
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
     from .recipes.lora_qwen import LoraQwen
     from .recipes.mesh import data_parallel_mesh

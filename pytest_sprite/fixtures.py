@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ._collected import store_collected
-from ._settings import settings_key
+from .glue.collected import store_collected
+from .glue.options import settings_key
 from .world import World, current_world
 
 __all__ = ["world"]
@@ -21,7 +21,7 @@ def world(request: pytest.FixtureRequest) -> World:
     current = current_world()
     if current is not None:
         return current
-    from ._device import select_device
+    from .env.device import select_device
 
     device, _ = select_device(request.config.stash[settings_key].device, 0, 1, bind=False)
     item = request.node

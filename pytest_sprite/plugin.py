@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from ._markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
-from ._results import ResultsPlugin
-from ._settings import Settings, register_options, settings_key
 from .errors import SpriteUsageError
+from .glue.markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
+from .glue.options import Settings, register_options, settings_key
+from .glue.results import ResultsPlugin
 
 pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite.protocol import CHILD_DONE, recv_frame, send_frame
+from pytest_sprite.plumbing.protocol import CHILD_DONE, recv_frame, send_frame
 from pytest_sprite.rank.agent import Agent, _Child, _Spare
 
 pytestmark = pytest.mark.cpu

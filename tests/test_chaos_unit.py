@@ -33,7 +33,7 @@ pytestmark = pytest.mark.cpu
 def _warm() -> None:
     """Import torch and safetensors here once, as the matrix does, so that no forked run imports them cold."""
     pytest.importorskip("safetensors.torch")
-    from pytest_sprite._process import prewarm_training
+    from pytest_sprite.plumbing.process import prewarm_training
 
     prewarm_training()
 

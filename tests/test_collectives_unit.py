@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sprite._collectives import mismatch_summary, waiting_collective
+from pytest_sprite.plumbing.collectives import mismatch_summary, waiting_collective
 
 pytestmark = pytest.mark.cpu
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_sprite._collectives import no_stack_text
-from pytest_sprite._settings import settings_key
+from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
 from pytest_sprite.launch.merge import RankEnd, merge_rank_reports
+from pytest_sprite.plumbing.collectives import no_stack_text
 
 TIMEOUT = 300
 

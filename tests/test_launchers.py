@@ -140,7 +140,7 @@ STALE = {
 
 
 def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sprite._rankenv import LAUNCHER_VARIABLES
+    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
 
     for names in LAUNCHER_VARIABLES.values():
         for name in names:
@@ -390,7 +390,7 @@ def test_reader_in_a_child_of_a_smaller_test(
         """
         import pytest
         import torch.distributed as dist
-        from pytest_sprite._rankenv import read_rank_env
+        from pytest_sprite.env.rank_variables import read_rank_env
 
         @pytest.mark.ranks(2)
         def test_reader(world):
@@ -525,7 +525,7 @@ def test_a_world_launched_early_and_needed_by_no_selected_test_ends_with_collect
 def test_when_the_world_is_launched_before_collection(
     launcher: str, world: int | None, ppn: int | None, mode: str, collect_only: bool, cores: int, early: bool
 ) -> None:
-    from pytest_sprite._settings import Settings
+    from pytest_sprite.glue.options import Settings
     from pytest_sprite.launch.controller import launches_early
 
     settings = Settings(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite._rankenv import LAUNCHER_VARIABLES, hosts_in_nodefile
+from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES, hosts_in_nodefile
 from pytest_sprite.errors import LaunchError
 from pytest_sprite.launch.launchers import get_launcher
 from pytest_sprite.launch.launchers._command import (
@@ -315,7 +315,7 @@ def test_launch_writes_the_command_to_the_log_and_keeps_the_token_off_it(tmp_pat
 
 
 def test_every_launcher_name_the_settings_accept_has_a_module() -> None:
-    from pytest_sprite._settings import LAUNCHER_NAMES
+    from pytest_sprite.glue.options import LAUNCHER_NAMES
     from pytest_sprite.launch.launchers import _REGISTRY
 
     assert tuple(_REGISTRY) == LAUNCHER_NAMES

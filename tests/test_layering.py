@@ -68,56 +68,58 @@ def _p(name: str) -> str:
     return f"{PACKAGE}.{name}"
 
 
-@pytest.mark.parametrize(
-    ("area", "allowed"),
-    [
-        # The code under test never imports the plugin: only rank detection, the device chooser and errors.
-        ("lightning", ("lightning", "_rankenv", "_device", "errors")),
-        # The assertions judge records and the fault registry; they never reach the recipes or the harness.
-        # ... and record their results through the one results module (issue 13).
-        ("assertions", ("assertions", "records", "faults", "errors", "_ranges", "_timing", "_results")),
-        # The recipes train arms: records, faults, the code under test, the world; never the assertions.
-        (
-            "recipes",
-            (
-                "recipes",
-                "records",
-                "faults",
-                "errors",
-                "lightning",
-                "world",
-                "subworld",
-                "_device",
-                "_process",
-                "_settings",
-                "_timing",
-                "_results",
-            ),
-        ),
-        # Results and progress lines: stdlib and pytest, plus the in-rank world to know the rank.
-        ("_results", ("world",)),
-        # Sub-worlds fork fresh ranks: the world they hand the function, device choice, rank variables,
-        # the process plumbing every fork shares, the one frame module and the one tail reader (issue 21).
-        (
-            "subworld",
-            (
-                "world",
-                "errors",
-                "_device",
-                "_rankenv",
-                "_ranges",
-                "_timing",
-                "_process",
-                "_placement",
-                "protocol",
-                "_output",
-            ),
-        ),
-        ("records", ("errors",)),
-        ("faults", ("errors",)),
-        ("_device", ()),
-    ],
-)
+RULES: dict[str, tuple[str, ...]] = {
+    # Stdlib-only plumbing both sides share: frames, clock, ranges, tails, processes, placement.
+    "plumbing": (),
+    # The rank environment: every launcher's variables read once, and the device chooser.
+    "env": ("errors",),
+    # Records and the fault registry are plain data.
+    "records": ("errors",),
+    "faults": ("errors",),
+    # The in-rank world knows nothing of the harness around it.
+    "world": (),
+    # The pytest glue: options, markers, tmp_path, results kept with items, pytest's internals.
+    "glue": ("env", "errors", "world"),
+    # The code under test never imports the plugin: only rank detection, the device chooser and errors.
+    "lightning": ("env", "errors"),
+    # Sub-worlds fork fresh ranks and hand them a world.
+    "subworld": ("env", "errors", "plumbing", "world"),
+    # The assertions judge records and the fault registry; never the recipes or the harness.
+    "assertions": ("errors", "faults", "glue", "plumbing", "records"),
+    # The recipes train arms with the code under test; never the assertions.
+    "recipes": ("env", "errors", "faults", "glue", "lightning", "plumbing", "records", "subworld", "world"),
+    # A test child and its agent: one side of the protocol.
+    "rank": ("env", "errors", "glue", "plumbing", "subworld", "world"),
+    # The controller side: launchers, the pool, the scheduler, merging reports.
+    "launch": ("env", "errors", "glue", "plumbing", "rank"),
+    # Crash consistency: targets that train with the recipes, judged by the assertions.
+    "chaos": ("assertions", "env", "errors", "lightning", "plumbing", "recipes", "subworld", "world"),
+    # Reports render the assertions' results and re-judge stored records.
+    "report": ("assertions", "errors", "glue", "recipes", "records"),
+    # torch's multiprocess test classes as ranks tests.
+    "torch_tests": ("errors", "glue", "plumbing"),
+    # Hosts on one machine: namespaces and a launcher, nothing of the harness but where the package lives.
+    "hosts": ("errors", "plumbing"),
+}
+"""One rule per package: what it may import from the rest of pytest_sprite (issue 21)."""
+
+FACES = ("__init__", "__main__", "plugin", "hookspecs", "fixtures", "errors", "world", "faults")
+"""The modules at the root: the faces a user meets. Everything else lives in a package named for its role."""
+
+
+def test_the_root_holds_only_the_faces_a_user_meets() -> None:
+    root = Path(pytest_sprite.__file__).parent
+    modules = sorted(p.stem for p in root.glob("*.py"))
+    assert modules == sorted(FACES)
+
+
+def test_every_package_has_a_rule() -> None:
+    root = Path(pytest_sprite.__file__).parent
+    packages = sorted(p.name for p in root.iterdir() if (p / "__init__.py").exists() and p.name != "suite")
+    assert packages == sorted(area for area in RULES if area not in FACES)
+
+
+@pytest.mark.parametrize(("area", "allowed"), sorted(RULES.items()))
 def test_area_imports_only_what_lies_below_it(area: str, allowed: tuple[str, ...]) -> None:
     members = [m for m in MODULES if _in(m, _p(area))]
     assert members, f"no module in {area}"

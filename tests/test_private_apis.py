@@ -19,7 +19,7 @@ pytestmark = pytest.mark.cpu
 PACKAGE = Path(pytest_sprite.__file__).parent
 STDLIB = {"_exit", "_getframe", "_current_frames", "_asdict", "_replace", "_fields", "_make"}
 """Public names of the standard library that start with an underscore (``os._exit``, namedtuple's)."""
-KEEPERS = {"_pytest_internals.py", "_dependency_internals.py", "_internals.py"}
+KEEPERS = {"pytest_internals.py", "dependency_internals.py", "_internals.py"}
 DEPENDENCIES = {
     "_pytest",
     "pytest",
@@ -134,7 +134,7 @@ def test_hypothesis_settings_and_seed_are_read_and_replaced_on_this_release() ->
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pytest_sprite._dependency_internals import (
+    from pytest_sprite.plumbing.dependency_internals import (
         hypothesis_explicit_seed,
         hypothesis_test_settings,
         replace_hypothesis_settings,
@@ -158,7 +158,7 @@ def test_ddp_comm_hooks_are_named_on_this_release() -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    from pytest_sprite._dependency_internals import ddp_comm_hook_names
+    from pytest_sprite.plumbing.dependency_internals import ddp_comm_hook_names
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -174,7 +174,7 @@ def test_ddp_comm_hooks_are_named_on_this_release() -> None:
 def test_hf_no_split_modules_are_read_on_this_release() -> None:
     transformers = pytest.importorskip("transformers")
 
-    from pytest_sprite._dependency_internals import hf_no_split_modules
+    from pytest_sprite.plumbing.dependency_internals import hf_no_split_modules
 
     config = transformers.Qwen2Config(
         hidden_size=16,

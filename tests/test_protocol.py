@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import pytest_sprite
-from pytest_sprite._markers import parse_ranks_marker
-from pytest_sprite._output import strip_harness_frames, tail_of_file
-from pytest_sprite.protocol import (
+from pytest_sprite.glue.markers import parse_ranks_marker
+from pytest_sprite.plumbing.output import strip_harness_frames, tail_of_file
+from pytest_sprite.plumbing.protocol import (
     AGENT_EVENTS,
     COMMANDS,
     FIRST_FRAME_MAX,

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_sprite import _rankenv
-from pytest_sprite._rankenv import (
+from pytest_sprite.env import rank_variables as _rankenv
+from pytest_sprite.env.rank_variables import (
     LAUNCHER_VARIABLES,
     PORT_RANGE,
     RankInfo,
@@ -556,7 +556,7 @@ def test_launcher_variables_cover_every_family() -> None:
 
 _PROBE = """
 import json, os, sys
-from pytest_sprite._rankenv import read_rank_env
+from pytest_sprite.env.rank_variables import read_rank_env
 info = read_rank_env()
 env = {k: os.environ[k] for k in ("PMI_RANK", "MPI_LOCALRANKID")}
 via_mpi4py = read_rank_env(env)  # PMI_SIZE left out of the mapping: the size must come from mpi4py

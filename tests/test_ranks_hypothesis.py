@@ -30,7 +30,7 @@ LAUNCHERS = [
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "240")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    from pytest_sprite._rankenv import LAUNCHER_VARIABLES
+    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
 
     for names in LAUNCHER_VARIABLES.values():
         for name in names:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_sprite import _results
-from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions.crash_consistency import MATRIX_FILE, CrashMatrix, CrashRow, judge_matrix
 from pytest_sprite.assertions.parity import ArmParity, ParityResult
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue import results as _results
+from pytest_sprite.glue.results import record_assertion
 from pytest_sprite.launch.merge import RankEnd, merge_rank_reports
 from pytest_sprite.report.json_report import check_target, write_document
 from pytest_sprite.report.kinds import get_kind, parity_rows

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite._tmppath import make_test_dir, prune_test_dir, share_tmp_path, tmp_path_name
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.tmp_path import make_test_dir, prune_test_dir, share_tmp_path, tmp_path_name
 
 pytestmark = pytest.mark.cpu
 

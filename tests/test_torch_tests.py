@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sprite_testing import fnescape
 
-from pytest_sprite._pytest_internals import function_scoped_arguments
+from pytest_sprite.glue.pytest_internals import function_scoped_arguments
 from pytest_sprite.torch_tests.verdict import torch_verdict
 
 pytestmark = pytest.mark.cpu

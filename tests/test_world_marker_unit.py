@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sprite._markers import WORLD, parse_ranks_marker, size_id, world_sizes
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.markers import WORLD, parse_ranks_marker, size_id, world_sizes
 
 pytestmark = pytest.mark.cpu
 

@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pytest_sprite._ranges import fold_ranks
-from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck
 from pytest_sprite.assertions._tables import (
     Kind,
@@ -30,6 +28,8 @@ from pytest_sprite.assertions._tables import (
 )
 from pytest_sprite.assertions.numeric import bit_equal, finite_or_repr, rel, rel_l2
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.plumbing.ranges import fold_ranks
 from pytest_sprite.records import DISTRIBUTED_ARMS, FP32_PRECISION, ArmRecord
 
 __all__ = [

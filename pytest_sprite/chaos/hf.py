@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite._process import prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
 from pytest_sprite.chaos.runs import RunOutcome, run_ranks
+from pytest_sprite.plumbing.process import prewarm_training
 
 __all__ = ["HF_ENV", "HFTrainerTarget", "train_tiny_gpt2"]
 

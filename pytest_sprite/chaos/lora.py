@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite._process import prewarm_fit, prewarm_training
 from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
 from pytest_sprite.chaos.runs import RunOutcome, rank_envs, run_ranks
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.process import prewarm_fit, prewarm_training
 from pytest_sprite.recipes._shard import default_shard
 
 __all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_in_subworld", "train_lora_qwen"]

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pytest_sprite._timing import monotonic
 from pytest_sprite.assertions.crash_consistency import (
     CrashMatrix,
     CrashRow,
@@ -32,6 +31,7 @@ from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.chaos.runs import RunOutcome
 from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.timing import monotonic
 
 __all__ = ["CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
 

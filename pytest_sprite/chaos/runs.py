@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_sprite._process import exit_text, redirect_output
-from pytest_sprite._rankenv import become_rank
-from pytest_sprite._timing import monotonic
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
+from pytest_sprite.env.rank_variables import become_rank
+from pytest_sprite.plumbing.process import exit_text, redirect_output
+from pytest_sprite.plumbing.timing import monotonic
 
 __all__ = ["RankOutcome", "RunOutcome", "portable", "rank_envs", "run_ranks"]
 
@@ -200,7 +200,7 @@ def _outcome(o: Any, elapsed: float) -> RankOutcome:
 
 def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:
     """torchrun's variables for ``ranks`` local processes with a fresh rendezvous port (one per run)."""
-    from pytest_sprite._rankenv import free_port, torchrun_variables
+    from pytest_sprite.env.rank_variables import free_port, torchrun_variables
 
     port = free_port("127.0.0.1") if port is None else port
     return [

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_sprite._output import tail_of_file
-from pytest_sprite._process import exit_text, prewarm_training
-from pytest_sprite._timing import monotonic
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
 from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, rank_envs, run_ranks
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.output import tail_of_file
+from pytest_sprite.plumbing.process import exit_text, prewarm_training
+from pytest_sprite.plumbing.timing import monotonic
 
 __all__ = [
     "CommandTarget",

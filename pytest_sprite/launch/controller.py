@@ -24,18 +24,16 @@ from typing import Any, Final
 
 import pytest
 
-from .._around import around_ranks_key
-from .._collected import store_collected
-from .._collectives import STACK_WAIT
-from .._markers import PARAM_NAME, WORLD, Size, item_ranks_spec
-from .._pytest_internals import teardown_controller_state
-from .._ranges import fold_ranks
-from .._results import keep_reported, progress_line, write_progress
-from .._settings import Settings
-from .._timing import monotonic
-from .._tmppath import make_test_dir, prune_test_dir
 from ..errors import LaunchError, LeftoverProcessWarning, SpriteUsageError
-from ..protocol import (
+from ..glue.around import around_ranks_key
+from ..glue.collected import store_collected
+from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec
+from ..glue.options import Settings
+from ..glue.pytest_internals import teardown_controller_state
+from ..glue.results import keep_reported, progress_line, write_progress
+from ..glue.tmp_path import make_test_dir, prune_test_dir
+from ..plumbing.collectives import STACK_WAIT
+from ..plumbing.protocol import (
     AGENT_EVENTS,
     AgentError,
     AgentLost,
@@ -49,6 +47,8 @@ from ..protocol import (
     RunSpec,
     Warning_,
 )
+from ..plumbing.ranges import fold_ranks
+from ..plumbing.timing import monotonic
 from .merge import RankEnd, merge_rank_reports
 from .pool import AgentPool
 from .schedule import Scheduler, Utilisation

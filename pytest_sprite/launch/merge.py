@@ -13,11 +13,11 @@ from typing import Any, Literal
 
 from pytest import TestReport
 
-from .._collectives import waiting_collective
-from .._pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
-from .._ranges import fold_ranks
-from .._results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
-from ..protocol import EndedBy
+from ..glue.pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
+from ..glue.results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
+from ..plumbing.collectives import waiting_collective
+from ..plumbing.protocol import EndedBy
+from ..plumbing.ranges import fold_ranks
 from .rollcall import (
     TRANSPORT_ERROR,
     Place,

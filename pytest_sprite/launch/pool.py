@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from .._placement import Placement, place
-from .._settings import Settings
-from .._timing import monotonic, sleep
 from ..errors import LaunchError
-from ..protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
+from ..glue.options import Settings
+from ..plumbing.placement import Placement, place
+from ..plumbing.protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
+from ..plumbing.timing import monotonic, sleep
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot

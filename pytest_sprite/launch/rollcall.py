@@ -17,8 +17,8 @@ from typing import Any, Final
 
 from pytest import TestReport
 
-from .._collectives import Where, called_name, missing_stack, normalize_stacks, whereabouts
-from .._ranges import fold_ranks
+from ..plumbing.collectives import Where, called_name, missing_stack, normalize_stacks, whereabouts
+from ..plumbing.ranges import fold_ranks
 
 __all__ = [
     "ROLL_CALL_PLACES",

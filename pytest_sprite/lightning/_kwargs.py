@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, Precision
 from lightning.pytorch.strategies import SingleDeviceStrategy, Strategy
 
-from pytest_sprite._rankenv import optional_rank_env
+from pytest_sprite.env.rank_variables import optional_rank_env
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.lightning.accelerator import XPUAccelerator
 from pytest_sprite.lightning.precision import XPUMixedPrecision, normalize_precision

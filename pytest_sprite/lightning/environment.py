@@ -3,7 +3,7 @@
 Without mpi4py Lightning's ``MPIEnvironment`` is off (``mpi.py:73-74``), ``LightningEnvironment`` sees no
 ``LOCAL_RANK`` and DDP spawns its own workers: ``mpiexec -n 2`` with ``devices=2`` becomes two independent
 2-process jobs. :class:`PALSEnvironment` says the processes were created externally and takes rank, local rank,
-world size, node and rendezvous from :mod:`pytest_sprite._rankenv`, so every launcher variable that is set
+world size, node and rendezvous from :mod:`pytest_sprite.env.rank_variables`, so every launcher variable that is set
 must agree (a stale ``RANK=0`` from an outer launcher raises instead of making every rank rank 0).
 """
 
@@ -14,7 +14,7 @@ import os
 
 from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
 
-from pytest_sprite._rankenv import (
+from pytest_sprite.env.rank_variables import (
     SHARED_PORT_VARIABLES,
     RankInfo,
     read_rank_env,

@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from .._collectives import no_stack_text
-from .._output import hide_library_frames, strip_harness_frames, tail_of_file
-from .._timing import monotonic, sleep
-from ..protocol import (
+from ..plumbing.collectives import no_stack_text
+from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
+from ..plumbing.protocol import (
     CHILD_DONE,
     HEADER_SIZE,
     AgentReady,
@@ -38,6 +37,7 @@ from ..protocol import (
     recv_frame,
     send_frame,
 )
+from ..plumbing.timing import monotonic, sleep
 from .child import run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
 from .stacks import keep_stack_dumps, take_stacks

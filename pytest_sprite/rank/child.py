@@ -24,12 +24,12 @@ import pytest
 
 from .. import subworld
 from .. import world as _world
-from .._markers import item_ranks_spec
-from .._process import die_with_parent, install_stack_dumps, redirect_output
-from .._pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
-from .._results import DEVICE_ATTR, set_progress_sink
-from .._tmppath import share_tmp_path, shared_test_dir
-from ..protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
+from ..glue.markers import item_ranks_spec
+from ..glue.pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
+from ..glue.results import DEVICE_ATTR, set_progress_sink
+from ..glue.tmp_path import share_tmp_path, shared_test_dir
+from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
+from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..subworld.join import Seat, join_world, tcp_store
 from ..world import World
 from .given import echo_note, prepare_hypothesis_item
@@ -78,7 +78,7 @@ class ChildSession:
         """
         if self.store is None:
             return
-        from .._timing import monotonic, sleep
+        from ..plumbing.timing import monotonic, sleep
 
         deadline = monotonic() + 30.0
         try:
@@ -213,7 +213,7 @@ def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
     its own checks: its report passes with a note, so the failing example is reported once, by the
     rank that had it. torch's collective mismatch error gets one line per rank.
     """
-    from .._collectives import mismatch_summary
+    from ..plumbing.collectives import mismatch_summary
 
     if not report.failed or call.excinfo is None:
         return

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from random import Random
 from typing import TYPE_CHECKING, Any, Final
 
-from .._ranges import fold_ranks
+from ..plumbing.ranges import fold_ranks
 
 if TYPE_CHECKING:
     import pytest
@@ -135,7 +135,7 @@ def prepare_given(
     from hypothesis import HealthCheck, is_hypothesis_test, settings
     from hypothesis.database import ReadOnlyDatabase
 
-    from .._dependency_internals import (
+    from ..plumbing.dependency_internals import (
         hypothesis_explicit_seed,
         hypothesis_test_settings,
         replace_hypothesis_settings,
@@ -177,7 +177,7 @@ def prepare_hypothesis_item(
     item: pytest.Item, *, rank: int, world_size: int, seed: int | str | None, agree: Agree
 ) -> bool:
     """:func:`prepare_given` for a collected item in a test child."""
-    from .._pytest_internals import function_scoped_arguments
+    from ..glue.pytest_internals import function_scoped_arguments
 
     test = getattr(item, "obj", None)
     if test is None:

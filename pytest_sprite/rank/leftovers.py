@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from .._ranges import fold_ranks
-from .._timing import monotonic, sleep
+from ..plumbing.ranges import fold_ranks
+from ..plumbing.timing import monotonic, sleep
 
 __all__ = [
     "DEFAULT_GRACE",

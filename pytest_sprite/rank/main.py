@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 import pytest
 
-from .._process import preimport_torch, redirect_output
 from ..errors import SpriteError
+from ..plumbing.process import preimport_torch, redirect_output
 from .agent import Agent, connect_to_controller
 
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
@@ -35,7 +35,7 @@ def _preimport_hypothesis(items: Mapping[str, pytest.Item]) -> None:
     from hypothesis import is_hypothesis_test
 
     if any(is_hypothesis_test(getattr(item, "obj", None)) for item in items.values()):
-        from .._dependency_internals import prewarm_hypothesis_patching
+        from ..plumbing.dependency_internals import prewarm_hypothesis_patching
 
         prewarm_hypothesis_patching()
 
@@ -96,7 +96,7 @@ class AgentSessionPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        from .._rankenv import read_rank_env
+        from ..env.rank_variables import read_rank_env
 
         world = os.environ.get("SPRITE_WORLD_SIZE")
         try:

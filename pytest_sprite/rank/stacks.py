@@ -24,9 +24,9 @@ import signal
 from pathlib import Path
 from typing import Any, Final
 
-from .._collectives import STACK_WAIT
-from .._timing import monotonic, sleep
-from ..protocol import STACK_SIGNAL
+from ..plumbing.collectives import STACK_WAIT
+from ..plumbing.protocol import STACK_SIGNAL
+from ..plumbing.timing import monotonic, sleep
 
 __all__ = ["keep_stack_dumps", "proc_state", "take_stacks"]
 

@@ -24,14 +24,14 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, default_collate
 
-from pytest_sprite._dependency_internals import (
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import Planter, PlantSite, plant
+from pytest_sprite.plumbing.dependency_internals import (
     ddp_comm_hook_names,
     ddp_ignore_parameters,
     ddp_logging_data,
     fsdp_mixed_precision,
 )
-from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,

@@ -14,9 +14,9 @@ import peft
 import torch
 from transformers import Qwen2Config, Qwen2Model
 
-from pytest_sprite._dependency_internals import hf_no_split_modules
-from pytest_sprite._settings import QWEN_PATH_ENV
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.options import QWEN_PATH_ENV
+from pytest_sprite.plumbing.dependency_internals import hf_no_split_modules
 from pytest_sprite.recipes.constants import LORA_B_SEED, LORA_B_STD, LORA_CONFIG, NUM_CLASSES, TINY_QWEN2
 
 __all__ = [

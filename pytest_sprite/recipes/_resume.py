@@ -241,7 +241,7 @@ def _strategy_kwargs(spec: RoleSpec, world: World) -> dict[str, Any]:
 def _prepare(spec: RoleSpec, emit: Any = None) -> None:
     """Build the model and import what a fit imports late, once, in the process the role's ranks are
     forked from (CPU only): lora_qwen's model is then copied, not built, by every role."""
-    from pytest_sprite._process import prewarm_fit
+    from pytest_sprite.plumbing.process import prewarm_fit
 
     prewarm_fit()
     build_model(spec.recipe.source)

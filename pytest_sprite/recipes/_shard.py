@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-from pytest_sprite._dependency_internals import hf_no_split_modules
+from pytest_sprite.plumbing.dependency_internals import hf_no_split_modules
 
 __all__ = ["default_shard"]
 

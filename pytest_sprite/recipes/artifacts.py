@@ -115,7 +115,7 @@ def test_artifacts(item: pytest.Item) -> ArtifactDir | None:
     One per test item (kept in its stash), so the ``lora_qwen`` arms and the resume checks of a test
     count their directories together.
     """
-    from pytest_sprite._settings import settings_key
+    from pytest_sprite.glue.options import settings_key
 
     root = item.config.stash[settings_key].artifacts
     if not root:

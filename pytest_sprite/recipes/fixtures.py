@@ -22,7 +22,7 @@ __all__ = ["lora_qwen", "xpu_mesh"]
 
 def _setting(config: pytest.Config, name: str) -> Any:
     """A session setting as the plugin resolved it (command line > environment > ini)."""
-    from pytest_sprite._settings import settings_key
+    from pytest_sprite.glue.options import settings_key
 
     return getattr(config.stash[settings_key], name)
 
@@ -48,7 +48,7 @@ def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
     XPU when present, else CUDA, else CPU (gloo). Without the ranks marker it is a one-rank mesh over a
     private in-memory process group, destroyed after the test, so nothing can wait for a peer that never comes.
     """
-    from pytest_sprite._device import BACKENDS, accelerator_type
+    from pytest_sprite.env.device import BACKENDS, accelerator_type
     from pytest_sprite.recipes.mesh import DATA_PARALLEL, data_parallel_mesh
 
     if world.distributed:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite._settings import Settings
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.options import Settings
 from pytest_sprite.report.store import ResultStore
 
 __all__ = ["SpriteReporter"]

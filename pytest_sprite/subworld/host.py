@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sprite._output import tail_of_file
-from pytest_sprite._placement import place
-from pytest_sprite._process import wait_status
-from pytest_sprite._timing import monotonic, sleep
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.protocol import STACK_SIGNAL, ObjectReader
+from pytest_sprite.plumbing.output import tail_of_file
+from pytest_sprite.plumbing.placement import place
+from pytest_sprite.plumbing.process import wait_status
+from pytest_sprite.plumbing.protocol import STACK_SIGNAL, ObjectReader
+from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, tcp_store
 from .plan import KillPlan, KillPoint

@@ -16,8 +16,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_sprite._device import select_device
-from pytest_sprite._rankenv import become_rank, torchrun_variables
+from pytest_sprite.env.device import select_device
+from pytest_sprite.env.rank_variables import become_rank, torchrun_variables
 from pytest_sprite.world import World, _set_current
 
 if TYPE_CHECKING:

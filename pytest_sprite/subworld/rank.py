@@ -13,9 +13,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pytest_sprite._process import die_with_parent, install_stack_dumps, redirect_output
-from pytest_sprite._timing import monotonic, sleep
-from pytest_sprite.protocol import STACK_SIGNAL, encode_object
+from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
+from pytest_sprite.plumbing.protocol import STACK_SIGNAL, encode_object
+from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, join_world, tcp_store
 from .plan import KillPlan, KillPoint

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pytest_sprite._process import exit_text
-from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.errors import SpriteError
+from pytest_sprite.plumbing.process import exit_text
+from pytest_sprite.plumbing.ranges import fold_ranks
 
 from .plan import KillPoint
 

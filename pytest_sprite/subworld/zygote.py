@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Protocol
 
-from pytest_sprite._process import die_with_parent, one_thread_after_fork
-from pytest_sprite.protocol import (
+from pytest_sprite.plumbing.process import die_with_parent, one_thread_after_fork
+from pytest_sprite.plumbing.protocol import (
     forked,
     read_zygote_news,
     recv_fork_request,

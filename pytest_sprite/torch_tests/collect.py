@@ -10,8 +10,8 @@ from typing import Any, Final
 
 import pytest
 
-from .._around import around_ranks_key
-from .._dependency_internals import torch_multiprocess_module, torch_required_world_size
+from ..glue.around import around_ranks_key
+from ..plumbing.dependency_internals import torch_multiprocess_module, torch_required_world_size
 
 __all__ = ["TorchTest", "TorchTestsCollector", "class_timeout", "class_world_size", "torch_test_key"]
 

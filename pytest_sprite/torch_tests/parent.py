@@ -23,8 +23,8 @@ from typing import Any, Final, NoReturn
 
 import pytest
 
-from .._process import die_with_parent, redirect_output
-from .._timing import monotonic
+from ..plumbing.process import die_with_parent, redirect_output
+from ..plumbing.timing import monotonic
 from .collect import TorchTest
 from .state import ParentState, write_state
 from .verdict import apply_verdict

@@ -18,8 +18,8 @@ from typing import Any, Final
 
 import pytest
 
-from .._dependency_internals import torch_multiprocess_module, torch_run_rank
-from .._pytest_internals import skip_at_item
+from ..glue.pytest_internals import skip_at_item
+from ..plumbing.dependency_internals import torch_multiprocess_module, torch_run_rank
 from .collect import torch_test_key
 from .state import ParentState, read_state
 from .verdict import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR

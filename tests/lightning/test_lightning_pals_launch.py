@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_sprite._rankenv import free_port
+from pytest_sprite.env.rank_variables import free_port
 
 pytestmark = pytest.mark.cpu
 

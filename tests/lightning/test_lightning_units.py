@@ -26,7 +26,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
 import pytest_sprite.lightning as sprite_lightning
-from pytest_sprite._rankenv import LAUNCHER_VARIABLES, derive_port
+from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES, derive_port
 from pytest_sprite.errors import RankEnvError, SpriteUsageError
 from pytest_sprite.lightning import (
     FSDP2Strategy,

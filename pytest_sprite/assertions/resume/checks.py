@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_sprite._ranges import fold_ranks
 from pytest_sprite.assertions.numeric import bit_equal, rel, same_float, tensor_rel
 from pytest_sprite.assertions.resume.results import ResumeGaps
+from pytest_sprite.plumbing.ranges import fold_ranks
 from pytest_sprite.records import RoleRecord, StateCapture
 
 if TYPE_CHECKING:

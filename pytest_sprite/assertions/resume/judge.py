@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pytest_sprite._results import record_assertion
 from pytest_sprite.assertions._evidence import FailedCheck
 from pytest_sprite.assertions.resume.checks import (
     continuation,
@@ -18,6 +17,7 @@ from pytest_sprite.assertions.resume.checks import (
 )
 from pytest_sprite.assertions.resume.results import RESTORE_CHECKS, ResumeArm, ResumeError, ResumeResult
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.results import record_assertion
 from pytest_sprite.records import FP32_PRECISION, ResumeRun
 
 __all__ = ["assert_resume_bitexact", "judge_resume"]

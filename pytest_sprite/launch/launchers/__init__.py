@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from typing import Final
 
-from ..._settings import LAUNCHER_NAMES
 from ...errors import LaunchError
+from ...glue.options import LAUNCHER_NAMES
 from .base import Launcher
 
 __all__ = ["LAUNCHER_NAMES", "get_launcher"]

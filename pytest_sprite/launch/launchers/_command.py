@@ -13,7 +13,7 @@ import shlex
 import shutil
 from collections.abc import Iterable, Sequence
 
-from ..._rankenv import LAUNCHER_VARIABLES
+from ...env.rank_variables import LAUNCHER_VARIABLES
 from ...errors import LaunchError
 from .base import LaunchRequest, SubprocessLaunch
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ..._output import tail_of_file
-from ..._timing import monotonic, sleep
+from ...plumbing.output import tail_of_file
+from ...plumbing.timing import monotonic, sleep
 
 if TYPE_CHECKING:
     import pytest

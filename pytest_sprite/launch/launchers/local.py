@@ -12,9 +12,9 @@ import signal
 import warnings
 from typing import NoReturn
 
-from ..._output import tail_of_file
-from ..._process import preimport_torch
-from ..._timing import monotonic, sleep
+from ...plumbing.output import tail_of_file
+from ...plumbing.process import preimport_torch
+from ...plumbing.timing import monotonic, sleep
 from .base import LaunchHandle, LaunchRequest
 
 __all__ = ["LocalLauncher"]

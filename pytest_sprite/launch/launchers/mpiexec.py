@@ -24,7 +24,7 @@ HOW_TO_GET = (
     "(`module load mpich` or `module load openmpi`), then check `mpiexec --version`."
 )
 
-# Rank-variable families each flavour sets (see pytest_sprite._rankenv.LAUNCHER_VARIABLES).
+# Rank-variable families each flavour sets (see pytest_sprite.env.rank_variables.LAUNCHER_VARIABLES).
 _OWNED: dict[Flavour, tuple[str, ...]] = {
     "mpich": ("MPICH hydra",),
     "openmpi": ("Open MPI", "PMIx"),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 
-from ..._rankenv import hosts_in_nodefile
+from ...env.rank_variables import hosts_in_nodefile
 from ...errors import RankEnvError
 from ._command import agent_command, find_program, has_option, start
 from .base import LaunchHandle, LaunchRequest

@@ -11,8 +11,8 @@ from lightning.fabric.plugins.environments.cluster_environment import ClusterEnv
 from lightning.fabric.plugins.environments.lightning import LightningEnvironment
 from lightning.pytorch.strategies import ParallelStrategy
 
-from pytest_sprite._device import default_backend
-from pytest_sprite._rankenv import optional_rank_env
+from pytest_sprite.env.device import default_backend
+from pytest_sprite.env.rank_variables import optional_rank_env
 from pytest_sprite.errors import RankEnvError, SpriteUsageError
 from pytest_sprite.lightning.environment import PALSEnvironment
 

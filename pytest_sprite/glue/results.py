@@ -153,7 +153,7 @@ def set_progress_sink(sink: Callable[[str], None] | None) -> None:
 
 
 def _rank() -> int:
-    from .world import current_world
+    from ..world import current_world
 
     world = current_world()
     return 0 if world is None else world.rank

@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 import pytest
 
-from .errors import SpriteUsageError
+from ..errors import SpriteUsageError
 
 __all__ = [
     "PARAM_NAME",

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import RankEnvError
+from ..errors import RankEnvError
 
 __all__ = [
     "LAUNCHER_VARIABLES",

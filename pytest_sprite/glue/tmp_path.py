@@ -24,8 +24,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from ._pytest_internals import adopt_basetemp, tmp_path_factory
-from .errors import SpriteUsageError
+from ..errors import SpriteUsageError
+from .pytest_internals import adopt_basetemp, tmp_path_factory
 
 if TYPE_CHECKING:
     import pytest
