@@ -17,6 +17,7 @@ import select
 import signal
 import traceback
 import unittest
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -56,7 +57,11 @@ class ParentSide:
         self.test_dir = test_dir
         go_read, go_write = os.pipe()
         back_read, back_write = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a process with threads forks (the pool's reader threads): the
+            # parent's side touches none of what they guard, and ends with os._exit.
+            warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:  # pragma: no cover - the fork ends in os._exit
             os.close(go_write)
             os.close(back_read)
