@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,9 +137,14 @@ def build_lora_qwen(
             where = str(path.resolve())
         # transformers wraps PreTrainedModel.to in a decorator whose type mypy reads as taking a model.
         backbone = backbone.to(torch.float32)  # type: ignore[arg-type]
-        model = LoraQwenClassifier(
-            peft.get_peft_model(backbone, peft.LoraConfig(**LORA_CONFIG)), config.hidden_size
-        )
+        with warnings.catch_warnings():
+            # peft 0.21's PeftModel reads transformers 5's deprecated ``is_gradient_checkpointing``
+            # (huggingface/peft): upstream's to change, not ours to avoid.
+            warnings.filterwarnings(
+                "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+            )
+            adapted = peft.get_peft_model(backbone, peft.LoraConfig(**LORA_CONFIG))
+        model = LoraQwenClassifier(adapted, config.hidden_size)
     gen = torch.Generator().manual_seed(LORA_B_SEED)
     with torch.no_grad():
         for name, param in model.named_parameters():
