@@ -92,3 +92,39 @@ def test_sub_worlds_inside_ranks_tests(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=4", "-v", timeout=TIMEOUT)
     result.assert_outcomes(passed=6)
+
+
+def test_what_sub_world_ranks_leave_running_is_ended_and_named(pytester: pytest.Pytester) -> None:
+    """A test's zygote is forked on its first sub-world and leads a session of its own (issue 23): what the
+    sub-world's ranks leave running is found there, ended and named with the test's leftovers; a test
+    without a sub-world has no zygote and no leftover."""
+    pytester.makepyfile(
+        leaving="""
+        import subprocess
+
+        def leave_sleep(world):
+            subprocess.Popen(["sleep", "67"])
+            return world.rank
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+        from pytest_sprite import run_subworld
+        from leaving import leave_sleep
+
+        @pytest.mark.ranks(2)
+        def test_leaves(world):
+            assert run_subworld(leave_sleep).values() == [0, 1]
+
+        @pytest.mark.ranks(2)
+        def test_no_sub_world(world):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=2", timeout=TIMEOUT)
+    result.assert_outcomes(passed=2, warnings=2)
+    text = result.stdout.str()
+    assert text.count("left 1 process running after the test") == 2
+    assert text.count("sleep 67 (ended by SIGTERM)") == 2
+    assert "test_no_sub_world" not in text.split("warnings summary")[1]

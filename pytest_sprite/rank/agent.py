@@ -38,6 +38,7 @@ from ..plumbing.protocol import (
     send_frame,
 )
 from ..plumbing.timing import monotonic, sleep
+from ..subworld import start_pristine
 from .child import run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
 from .stacks import keep_stack_dumps, take_stacks
@@ -130,6 +131,8 @@ class Agent:
         self.reserved: socket.socket | None = None
         self.exiting: list[int] = []
         self.spare: _Spare | None = None
+        self.pristine: socket.socket | None = None
+        """The agent's pristine sub-world zygote (``subworld.zygote``), from which a test's own is forked."""
         self._spares = 0
         """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
@@ -153,6 +156,8 @@ class Agent:
     def serve(self) -> None:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
         prepare_children(self.config)
+        # Before any test child: the one process that forks each test's sub-world zygote on demand.
+        self.pristine = start_pristine(close_fds=(self.sock.fileno(),))
         try:
             self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():
@@ -166,6 +171,8 @@ class Agent:
                 self._discard_spare(self.spare)
                 self.spare = None
             self._reap_exiting(block=True)
+            if self.pristine is not None:
+                self.pristine.close()
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _loop_once(self) -> bool:
@@ -275,7 +282,12 @@ class Agent:
                 if self.child is not None:
                     os.close(self.child.rfd)
                 run_spare(
-                    control=child_end, items=self.items, write_fd=wfd, run_dir=run_dir, agent_pid=agent_pid
+                    control=child_end,
+                    items=self.items,
+                    write_fd=wfd,
+                    run_dir=run_dir,
+                    agent_pid=agent_pid,
+                    pristine=self.pristine,
                 )
             finally:
                 os._exit(70)

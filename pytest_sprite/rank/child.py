@@ -123,9 +123,11 @@ class ChildSession:
         from ..errors import LeftoverProcessWarning
         from .leftovers import describe_leftovers, end_session_leftovers
 
-        # The sub-world zygote is the harness's own process in this session, not something the test left.
-        ours = {os.getpid()} | ({zygote} if (zygote := subworld.zygote_pid()) is not None else set())
-        ended = end_session_leftovers(os.getsid(0), exclude=ours)
+        ended = end_session_leftovers(os.getsid(0), exclude={os.getpid()})
+        zygote = subworld.zygote_pid()
+        # The ranks of its sub-worlds lived in their zygote's session: what they left running is there.
+        if zygote is not None:
+            ended += end_session_leftovers(zygote, exclude={zygote})
         if ended:
             warnings.warn(LeftoverProcessWarning(describe_leftovers(self.spec["rank"], ended)), stacklevel=1)
 
@@ -279,15 +281,6 @@ def _die_with_parent(agent_pid: int) -> None:
         os._exit(1)
 
 
-def _start_zygote(control: socket.socket, write_fd: int) -> None:
-    """Fork this rank's sub-world zygote now, while no device or process group exists (issue 11).
-
-    Sub-worlds started by the test fork their ranks from it, so they start as fresh as this child did;
-    it costs one fork made while the spare waits for its test, and ends with this child.
-    """
-    subworld.set_zygote(subworld.Zygote.start(close_fds=(control.fileno(), write_fd)))
-
-
 def run_spare(
     *,
     control: socket.socket,
@@ -295,18 +288,20 @@ def run_spare(
     write_fd: int,
     run_dir: Path,
     agent_pid: int,
+    pristine: socket.socket | None = None,
 ) -> NoReturn:
     """Body of a spare child: prepare what no test decides, wait for the test, run it; never returns.
 
     The agent sends the controller's ``run`` frame (a RunSpec) with rank 0's listening rendezvous
-    socket attached (SCM_RIGHTS); EOF means the spare is not needed.
+    socket attached (SCM_RIGHTS); EOF means the spare is not needed. ``pristine``: the agent's pristine
+    zygote, asked for this test's zygote only when the test starts a sub-world (issue 23).
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lead_own_session()  # what the test starts stays in this session, to be ended with the test
     _die_with_parent(agent_pid)
     redirect_output(run_dir / "output.log", stdin_devnull=True)
     install_stack_dumps(run_dir / "output.log", run_dir / "stacks.txt", STACK_SIGNAL)
-    _start_zygote(control, write_fd)
+    subworld.set_pristine(pristine)
     message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
     control.close()
     if not message:

@@ -1,8 +1,9 @@
 """Sub-worlds: run a function in fresh processes, one per rank, with a fresh rendezvous, and kill them at will.
 
 Inside a ranks test every rank calls :func:`run_subworld` together; each of the first ``ranks`` ranks gets a
-new process forked from a pre-initialized copy of its test child (its *zygote*, forked before the test
-touched a device or a process group), so a sub-world costs a fork, never an interpreter start. The new
+new process forked from its test's *zygote* (a process that never touched a device or a process group, asked
+for by the test's first sub-world from the one its rank agent keeps), so a sub-world costs a fork, never an
+interpreter start. The new
 processes form their own world (``RANK``/``WORLD_SIZE``/``MASTER_*`` exported, their own default process
 group on a fresh store) and run ``fn(world, *args, **kwargs)``. Every rank of the test gets the same
 :class:`SubworldResult`: per rank, the value returned (or the error raised), every value the function
@@ -31,7 +32,7 @@ from .host import _subworld_place as _subworld_place
 from .plan import KillAt, KillPlan, KillPoint
 from .rank import emit, in_subworld, kill_point
 from .result import RankOutcome, SubworldError, SubworldResult
-from .zygote import Zygote, set_zygote, zygote_pid
+from .zygote import Zygote, set_pristine, start_pristine, zygote_pid
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -46,6 +47,7 @@ __all__ = [
     "in_subworld",
     "kill_point",
     "run_subworld",
-    "set_zygote",
+    "set_pristine",
+    "start_pristine",
     "zygote_pid",
 ]

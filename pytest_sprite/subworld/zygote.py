@@ -1,7 +1,11 @@
 """Forking sub-world ranks: directly from a plain test's process, or through the test child's zygote.
 
-A zygote is a copy of a test child forked before the child touched a device or a process group (issue 11);
-forking a sub-world's rank from it later gives a process as fresh as the test child was.
+A zygote is a process that never touched a device or a process group (issue 11); forking a sub-world's
+rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote when it
+starts (:func:`start_pristine`); the first ``run_subworld`` of a test child asks it for that test's own
+zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds, leads a session of its own (so what
+its ranks leave running is found and named with the test's leftovers) and ends with the test child. A
+test that never starts a sub-world pays nothing for them (issue 23).
 """
 
 from __future__ import annotations
@@ -26,7 +30,15 @@ from pytest_sprite.plumbing.protocol import (
 
 from .rank import rank_main
 
-__all__ = ["DirectForker", "Forker", "Zygote", "current_zygote", "set_zygote", "zygote_pid"]
+__all__ = [
+    "DirectForker",
+    "Forker",
+    "Zygote",
+    "current_zygote",
+    "set_pristine",
+    "start_pristine",
+    "zygote_pid",
+]
 
 
 class Forker(Protocol):
@@ -77,10 +89,10 @@ class DirectForker:
 
 
 class Zygote:
-    """A copy of a test child forked before it touched a device: it forks that rank's sub-world processes.
+    """A test child's zygote: a process free of devices and process groups that forks its sub-world ranks.
 
-    Started by the test child (``Zygote.start()``) while it is still free of devices and process groups;
-    forking from it later gives a process as fresh as the test child was. It dies with the test child.
+    Asked for by the test child's first sub-world (:meth:`connect`); it ends when the test child closes
+    its socket (by ending), and ends the ranks it still runs.
     """
 
     def __init__(self, pid: int, sock: socket.socket) -> None:
@@ -90,29 +102,16 @@ class Zygote:
         self._buf = bytearray()
 
     @classmethod
-    def start(cls, close_fds: Sequence[int] = ()) -> Zygote:
-        """Fork the zygote now; call before the process initializes a device.
-
-        ``close_fds`` are the caller's descriptors the zygote must not hold (its pipe to the agent), so
-        that they close when the caller ends.
-        """
-        parent, child = socket.socketpair()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                parent.close()
-                for fd in close_fds:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-                _zygote_main(child)
-            finally:
-                os._exit(70)
-        child.close()
-        return cls(pid, parent)
+    def connect(cls, pristine: socket.socket) -> Zygote:
+        """This test's own zygote, forked by the agent's pristine zygote; it ends when this process does."""
+        mine, theirs = socket.socketpair()
+        send_fork_request(pristine, b"", theirs)
+        theirs.close()
+        zygote = cls(0, mine)
+        for kind, pid, _ in zygote._read(block=True):  # its first news is its own pid
+            if kind == "pid":
+                zygote.pid = pid
+        return zygote
 
     def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
         payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
@@ -153,6 +152,67 @@ class Zygote:
             pass
 
 
+def start_pristine(close_fds: Sequence[int] = ()) -> socket.socket:
+    """Fork the agent's pristine zygote now; call before the agent forks any test child.
+
+    Returns the socket test children ask it on (:meth:`Zygote.connect`); it ends with the agent.
+    ``close_fds``: the agent's descriptors it must not hold (its connection to the controller).
+    """
+    parent, child = socket.socketpair()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            parent.close()
+            for fd in close_fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            _pristine_main(child)
+        finally:
+            os._exit(70)
+    child.close()
+    return parent
+
+
+def _pristine_main(sock: socket.socket) -> NoReturn:
+    """Fork one test zygote per request, each a session leader serving the socket it was sent; never returns."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        ready, _, _ = select.select([sock], [], [], 1.0)
+        _reap_any()
+        if not ready:
+            continue
+        request = recv_fork_request(sock)
+        if request is None:  # the agent and every test child closed it
+            os._exit(0)
+        _, channel = request
+        pid = os.fork()
+        if pid == 0:
+            try:
+                sock.close()
+                os.setsid()  # what its ranks leave running stays in this session, found by the test child
+                channel.sendall(forked(os.getpid()))
+                _zygote_main(channel)
+            finally:
+                os._exit(70)
+        channel.close()
+
+
+def _reap_any() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _zygote_main(sock: socket.socket) -> NoReturn:
     """Serve fork requests until the test child closes the socket; report every rank's exit status."""
     die_with_parent()
@@ -175,6 +235,7 @@ def _zygote_main(sock: socket.socket) -> NoReturn:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            _end_own_session()
             os._exit(0)
         payload, channel = request
         _prepare(payload)
@@ -185,6 +246,24 @@ def _zygote_main(sock: socket.socket) -> NoReturn:
         channel.close()
         running.append(pid)
         sock.sendall(forked(pid))
+
+
+def _end_own_session() -> None:
+    """A test's zygote, its test child gone: kill what its sub-worlds' ranks left in its session.
+
+    A test child that ended normally already ended and named them; one that crashed could not.
+    """
+    me = os.getpid()
+    if os.getsid(0) != me or not os.path.isdir("/proc"):
+        return
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.getsid(int(name)) == me:
+                os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _prepare(request: bytes | tuple[Any, ...]) -> None:
@@ -204,19 +283,23 @@ def _prepare(request: bytes | tuple[Any, ...]) -> None:
 
 
 _ZYGOTE: Zygote | None = None
+_PRISTINE: socket.socket | None = None
 
 
 def current_zygote() -> Zygote | None:
-    """This test child's zygote, None when it has none (a plain test, or outside a test child)."""
+    """This test child's zygote, asked for on first use; None outside a test child (a plain test)."""
+    global _ZYGOTE
+    if _ZYGOTE is None and _PRISTINE is not None:
+        _ZYGOTE = Zygote.connect(_PRISTINE)
     return _ZYGOTE
 
 
 def zygote_pid() -> int | None:
-    """The pid of this test child's zygote, None when it has none (a plain test, or outside a child)."""
+    """The pid of this test child's zygote, None while it has none (no sub-world started yet)."""
     return _ZYGOTE.pid if _ZYGOTE is not None else None
 
 
-def set_zygote(zygote: Zygote | None) -> None:
-    """Called by the test child: the zygote it forked before initializing its device."""
-    global _ZYGOTE
-    _ZYGOTE = zygote
+def set_pristine(sock: socket.socket | None) -> None:
+    """Called by the test child: where its zygote comes from, the first time a sub-world needs it."""
+    global _PRISTINE
+    _PRISTINE = sock
