@@ -13,13 +13,12 @@ accelerate) starts a gloo process group over them: the seed's two-rank setup.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
-from pytest_sprite.chaos.runs import RunOutcome, run_ranks
+from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
+from pytest_sprite.chaos.runs import RunOutcome, RunRequest, forked_envs
 from pytest_sprite.plumbing.process import prewarm_training
 
 __all__ = ["HF_ENV", "HFTrainerTarget", "train_tiny_gpt2"]
@@ -116,18 +115,5 @@ class HFTrainerTarget:
 
         _tiny_gpt2()
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
-        from pytest_sprite.chaos.runs import rank_envs
-
-        envs = [{**HF_ENV, **e} for e in rank_envs(self.ranks)] if self.ranks > 1 else [dict(HF_ENV)]
-        return run_ranks(
-            train_tiny_gpt2, (train_dir,), plans=plans, envs=envs, logs=outputs, timeout=timeout, grace=grace
-        )
+    def run(self, request: RunRequest) -> RunOutcome:
+        return request.in_forks(train_tiny_gpt2, (), forked_envs(self.ranks, HF_ENV))

@@ -18,13 +18,12 @@ Lightning returns from writing them; the resume marks the step it restored, as t
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.chaos.inject import Plan, note_resumed_from, note_save_complete
-from pytest_sprite.chaos.runs import RunOutcome, rank_envs, run_ranks
+from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
+from pytest_sprite.chaos.runs import RunOutcome, RunRequest, rank_envs
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.process import prewarm_fit, prewarm_training
 from pytest_sprite.recipes._shard import default_shard
@@ -235,22 +234,5 @@ class LoraQwenTarget:
 
         LoraQwen(seed=SEED).build_model()
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
-        envs = rank_envs(self.ranks)
-        return run_ranks(
-            _train_entry,
-            (train_dir, self.strategy, self.source),
-            plans=plans,
-            envs=envs,
-            logs=outputs,
-            timeout=timeout,
-            grace=grace,
-        )
+    def run(self, request: RunRequest) -> RunOutcome:
+        return request.in_forks(_train_entry, (self.strategy, self.source), rank_envs(self.ranks))

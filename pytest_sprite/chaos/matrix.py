@@ -28,7 +28,7 @@ from pytest_sprite.assertions.crash_consistency import (
 )
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
 from pytest_sprite.chaos.inject import Plan
-from pytest_sprite.chaos.runs import RunOutcome
+from pytest_sprite.chaos.runs import RunOutcome, RunRequest
 from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.timing import monotonic
@@ -126,11 +126,13 @@ class _Runs:
                 )
             )
         return self.target.run(
-            directory,
-            plans=plans,
-            outputs=self.outputs(name),
-            timeout=self.timeout,
-            grace=self.grace if crash is not None else self.timeout,
+            RunRequest(
+                train_dir=directory,
+                plans=plans,
+                outputs=self.outputs(name),
+                timeout=self.timeout,
+                grace=self.grace if crash is not None else self.timeout,
+            )
         )
 
     def log(self, name: str) -> EventLog:

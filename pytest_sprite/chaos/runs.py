@@ -26,7 +26,7 @@ from pytest_sprite.env.rank_variables import become_rank
 from pytest_sprite.plumbing.process import exit_text, redirect_output
 from pytest_sprite.plumbing.timing import monotonic
 
-__all__ = ["RankOutcome", "RunOutcome", "portable", "rank_envs", "run_ranks"]
+__all__ = ["RankOutcome", "RunOutcome", "RunRequest", "forked_envs", "portable", "rank_envs", "run_ranks"]
 
 Status = Literal["returned", "raised", "crashed", "died", "timeout"]
 
@@ -92,6 +92,37 @@ def portable(value: Any) -> Any:
             for k, v in value.items()
         }
     return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRequest:
+    """One run a crash matrix asks of its target: rank ``r`` under ``plans[r]``, printing into ``outputs[r]``."""
+
+    train_dir: Path
+    """The run trains into (and resumes from) this directory."""
+    plans: Sequence[Plan | None]
+    outputs: Sequence[Path]
+    timeout: float
+    grace: float
+
+    def in_forks(
+        self, fn: Callable[..., Any], args: Sequence[Any], envs: Sequence[Mapping[str, str]]
+    ) -> RunOutcome:
+        """``fn(train_dir, *args)`` in one fresh fork per rank, each with its ``envs`` entry (see :func:`run_ranks`)."""
+        return run_ranks(
+            fn,
+            (self.train_dir, *args),
+            plans=self.plans,
+            envs=envs,
+            logs=self.outputs,
+            timeout=self.timeout,
+            grace=self.grace,
+        )
+
+
+def forked_envs(ranks: int, env: Mapping[str, str]) -> list[dict[str, str]]:
+    """``env`` for every rank, with torchrun's variables added when there is more than one."""
+    return [{**env, **e} for e in rank_envs(ranks)] if ranks > 1 else [dict(env)]
 
 
 def run_ranks(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, rank_envs, run_ranks
+from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, forked_envs
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.process import exit_text, prewarm_training
@@ -47,16 +47,8 @@ class Target(Protocol):
         """Processes per run."""
         ...
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
-        """One run into ``train_dir`` (rank ``r`` under ``plans[r]``, printing into ``outputs[r]``).
+    def run(self, request: RunRequest) -> RunOutcome:
+        """One run into ``request.train_dir`` (rank ``r`` under ``plans[r]``, printing into ``outputs[r]``).
 
         A rank that returns hands back its final weights (a mapping of tensors) as its value.
         """
@@ -93,19 +85,8 @@ class FunctionTarget:
         """Load torch's lazily imported parts once here, so that no fork pays for them again."""
         prewarm_training()
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
-        envs = [{**self.env, **e} for e in rank_envs(self.ranks)] if self.ranks > 1 else [dict(self.env)]
-        return run_ranks(
-            self.fn, (train_dir,), plans=plans, envs=envs, logs=outputs, timeout=timeout, grace=grace
-        )
+    def run(self, request: RunRequest) -> RunOutcome:
+        return request.in_forks(self.fn, (), forked_envs(self.ranks, self.env))
 
 
 _SITECUSTOMIZE = '''"""Written by pytest-sprite's crash matrix: install the chaos plan of {plan_env} in this interpreter."""
@@ -176,16 +157,13 @@ class CommandTarget:
             inject_dir=inject_dir,
         )
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
-        plan = plans[0]
+    def run(self, request: RunRequest) -> RunOutcome:
+        train_dir, plan, output, timeout = (
+            request.train_dir,
+            request.plans[0],
+            request.outputs[0],
+            request.timeout,
+        )
         resuming = train_dir.exists() and any(train_dir.iterdir())
         argv = self.resume_argv if (resuming and self.resume_argv) else self.argv
         command = [a.replace("{out}", str(train_dir)) for a in argv]
@@ -200,7 +178,7 @@ class CommandTarget:
             env[PLAN_ENV] = plan.to_json()
         train_dir.mkdir(parents=True, exist_ok=True)
         start = monotonic()
-        with open(outputs[0], "ab") as out:
+        with open(output, "ab") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
@@ -217,7 +195,7 @@ class CommandTarget:
         if code == CRASH_EXIT_CODE:
             return RunOutcome(ranks=(RankOutcome(rank=0, status="crashed"),), wall_s=wall)
         if code != 0:
-            tail = tail_of_file(outputs[0], 3).rstrip()
+            tail = tail_of_file(output, 3).rstrip()
             error = f"ended with {exit_text(code, None)}" + (f": {tail.splitlines()[-1]}" if tail else "")
             return RunOutcome(ranks=(RankOutcome(rank=0, status="raised", error=error),), wall_s=wall)
         result = Path(self.result_file.replace("{out}", str(train_dir)))
@@ -363,26 +341,18 @@ class SubworldTarget:
     def label(self) -> str:
         return self.name or f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')}"
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
+    def run(self, request: RunRequest) -> RunOutcome:
         from pytest_sprite.subworld import run_subworld
 
         start = monotonic()
         result = run_subworld(
             _subworld_rank,
-            args=(self.fn, (train_dir, *self.args), tuple(plans)),
+            args=(self.fn, (request.train_dir, *self.args), tuple(request.plans)),
             ranks=self.ranks,
-            timeout=timeout,
+            timeout=request.timeout,
         )
         ranks: list[RankOutcome] = []
-        for o, out in zip(result.outcomes, outputs, strict=True):
+        for o, out in zip(result.outcomes, request.outputs, strict=True):
             if o.output:
                 with open(out, "a", encoding="utf-8") as f:
                     f.write(o.output)
