@@ -73,6 +73,8 @@ class Crossings:
     interval: float = 0.3
     seen: dict[tuple[str, int, str, int], tuple[str | None, str | None]] = field(default_factory=dict)
     """(client address, port, server address, server port) -> (client role, server role)."""
+    listening: set[tuple[str, int]] = field(default_factory=set)
+    """(host, port) of every listening socket seen."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
