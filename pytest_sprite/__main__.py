@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(render_text(build_tables((j.test_id, [j.result]) for j in judged), short=args.quiet))
+    for j in judged:
+        if any("reused from" in o for o in j.origins):
+            print(f"clean references of {j.test_id}: {'; '.join(j.origins)}")
     changed = [(j, line) for j in judged for line in j.changed]
     for j, line in changed:
         print(f"verdict changed since the run: {j.test_id}: {line}")

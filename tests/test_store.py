@@ -200,3 +200,30 @@ def test_a_bad_reuse_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--sprite-reuse=sometimes")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*--sprite-reuse='sometimes': valid values are auto, off*"])
+
+
+class _Summarised:
+    """Enough of a record for ``ArtifactDir.write``."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"arm": "ref32"}
+
+    def summary(self) -> dict[str, str]:
+        return {"arm": "ref32"}
+
+
+def test_an_arm_directory_names_where_its_record_came_from(tmp_path: Path) -> None:
+    """``record.json`` says computed or reused from which test, and ``judge`` lists it beside the tables."""
+    from pytest_sprite.recipes.artifacts import ArtifactDir
+    from pytest_sprite.recipes.store import Origin
+    from pytest_sprite.report.judge import _origins
+
+    art = ArtifactDir.for_test(tmp_path, "t.py::test_fault")
+    reused = art.write(
+        art.next_arm_dir(arm="ref32"), _Summarised(), origin=Origin("t.py::test_clean").describe()
+    )  # type: ignore[arg-type]
+    computed = art.write(art.next_arm_dir(arm="ddp"), _Summarised(), origin=Origin().describe())  # type: ignore[arg-type]
+    assert _origins([reused, computed]) == (
+        "ref32: reused from t.py::test_clean",
+        "ref32: computed in this test",
+    )

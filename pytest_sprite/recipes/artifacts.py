@@ -90,8 +90,12 @@ class ArtifactDir:
             raise _exists(path)
         return path
 
-    def write(self, path: Path, record: ArmRecord | Bf16ArmRecord) -> Path:
-        """Create ``path`` (it must not exist) and write the record into it; return the directory."""
+    def write(self, path: Path, record: ArmRecord | Bf16ArmRecord, *, origin: str | None = None) -> Path:
+        """Create ``path`` (it must not exist) and write the record into it; return the directory.
+
+        ``origin`` (``computed in this test``, ``reused from <test>``: see the session store) goes into
+        ``record.json``, where ``python -m pytest_sprite judge`` names it.
+        """
         import torch
 
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +105,8 @@ class ArtifactDir:
             raise _exists(path) from None
         torch.save(record.to_dict(), path / "record.pt")
         with open(path / "record.json", "x", encoding="utf-8") as fh:
-            json.dump(record.summary(), fh, indent=1, sort_keys=True)
+            summary = record.summary() if origin is None else {**record.summary(), "origin": origin}
+            json.dump(summary, fh, indent=1, sort_keys=True)
             fh.write("\n")
         return path
 

@@ -343,9 +343,9 @@ def run_recipe(
 
     # A faulted arm is never stored, nor taken from the store: it is computed here, every time.
     key = None if request.fault is not None else (lambda: store_key(recipe, request, arm.identity, world))
-    record, _ = obtain(what, compute, world=world, key=key)
+    record, origin = obtain(what, compute, world=world, key=key)
     if artifacts is not None and target is not None:
-        world.run_on_rank(0, artifacts.write, target, record)
+        world.run_on_rank(0, artifacts.write, target, record, origin=origin.describe())
         record = dataclasses.replace(record, source=str(target))
     return record
 

@@ -114,6 +114,8 @@ class Judged:
     """The manifest's folder and name relative to DIR: what the tables show in the Test column."""
     stored: dict[str, Any]
     result: dict[str, Any]
+    origins: tuple[str, ...] = ()
+    """Where each input record came from, as its ``record.json`` says (``ref32: reused from <test>``)."""
 
     @property
     def changed(self) -> list[str]:
@@ -162,7 +164,21 @@ def judge_manifest(path: Path, root: Path) -> Judged:
         test_id=str(path.relative_to(root)),
         stored=document["result"],
         result=judge(document["result"], inputs),
+        origins=_origins(inputs),
     )
+
+
+def _origins(inputs: list[Path]) -> tuple[str, ...]:
+    """``<arm>: <origin>`` for each input arm directory whose ``record.json`` names where it came from."""
+    found = []
+    for path in inputs:
+        try:
+            summary = json.loads((path / "record.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(summary, dict) and summary.get("origin"):
+            found.append(f"{summary.get('arm', path.name)}: {summary['origin']}")
+    return tuple(found)
 
 
 def judge_directory(root: Path) -> list[Judged]:
