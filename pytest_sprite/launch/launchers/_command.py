@@ -15,9 +15,16 @@ from collections.abc import Iterable, Sequence
 
 from ...env.rank_variables import LAUNCHER_VARIABLES
 from ...errors import LaunchError
-from .base import LaunchRequest, SubprocessLaunch
+from .base import LaunchHandle, LaunchRequest, SubprocessLaunch
 
-__all__ = ["agent_command", "find_program", "has_option", "start", "unset_foreign_rank_variables"]
+__all__ = [
+    "ProgramLauncher",
+    "agent_command",
+    "find_program",
+    "has_option",
+    "start",
+    "unset_foreign_rank_variables",
+]
 
 
 def find_program(program: str, *, launcher: str, how_to_get: str) -> str:
@@ -76,3 +83,33 @@ def start(argv: Sequence[str], request: LaunchRequest) -> SubprocessLaunch:
     with open(request.log_path, "a", encoding="utf-8") as log:
         log.write(f"+ {shlex.join(argv)}\n")
     return SubprocessLaunch(argv, env=request.env, log_path=request.log_path, cwd=request.cwd)
+
+
+class ProgramLauncher:
+    """A cluster launcher that is one program on PATH: found by :meth:`check`, run with :meth:`command`'s words."""
+
+    name: str
+    """The ``--launcher`` value."""
+    program_name: str = ""
+    """The program looked up on PATH (default: ``name``)."""
+    how_to_get: str
+    """What the LaunchError says when the program is missing."""
+    spans_nodes = True
+
+    def __init__(self) -> None:
+        self.program: str | None = None
+
+    def check(self) -> None:
+        """Find the program on PATH; a missing one is a LaunchError saying how to get it."""
+        self.program = find_program(
+            self.program_name or self.name, launcher=self.name, how_to_get=self.how_to_get
+        )
+
+    def command(self, request: LaunchRequest, program: str) -> list[str]:
+        """The command line that starts ``request``'s agents with ``program``."""
+        raise NotImplementedError
+
+    def launch(self, request: LaunchRequest) -> LaunchHandle:
+        if self.program is None:
+            self.check()
+        return start(self.command(request, self.program or self.program_name or self.name), request)

@@ -12,8 +12,8 @@ import subprocess
 from typing import Literal
 
 from ...errors import LaunchError
-from ._command import agent_command, find_program, has_option, start
-from .base import LaunchHandle, LaunchRequest
+from ._command import ProgramLauncher, agent_command, has_option
+from .base import LaunchRequest
 
 __all__ = ["MpiexecLauncher", "detect_flavour", "mpiexec_command"]
 
@@ -65,19 +65,20 @@ def mpiexec_command(request: LaunchRequest, *, program: str, flavour: Flavour) -
     return argv
 
 
-class MpiexecLauncher:
+class MpiexecLauncher(ProgramLauncher):
     """Starts the agents with ``mpiexec``: one launch for the session, on the nodes of the job."""
 
     name = "mpiexec"
-    spans_nodes = True
+    how_to_get = HOW_TO_GET
 
     def __init__(self) -> None:
-        self.program: str | None = None
+        super().__init__()
         self.flavour: Flavour = "unknown"
 
     def check(self) -> None:
         """Find ``mpiexec`` and read its flavour; a missing one is a LaunchError saying how to get it."""
-        self.program = find_program("mpiexec", launcher=self.name, how_to_get=HOW_TO_GET)
+        super().check()
+        assert self.program is not None
         try:
             probe = subprocess.run(
                 [self.program, "--version"],
@@ -93,8 +94,5 @@ class MpiexecLauncher:
             ) from exc
         self.flavour = detect_flavour(probe.stdout + probe.stderr)
 
-    def launch(self, request: LaunchRequest) -> LaunchHandle:
-        if self.program is None:
-            self.check()
-        program = self.program or "mpiexec"
-        return start(mpiexec_command(request, program=program, flavour=self.flavour), request)
+    def command(self, request: LaunchRequest, program: str) -> list[str]:
+        return mpiexec_command(request, program=program, flavour=self.flavour)

@@ -19,8 +19,8 @@ import os
 
 from ...env.rank_variables import hosts_in_nodefile
 from ...errors import RankEnvError
-from ._command import agent_command, find_program, has_option, start
-from .base import LaunchHandle, LaunchRequest
+from ._command import ProgramLauncher, agent_command, has_option
+from .base import LaunchRequest
 
 __all__ = ["PalsLauncher", "default_ppn", "pals_command"]
 
@@ -60,22 +60,13 @@ def pals_command(request: LaunchRequest, *, program: str, ppn: int) -> list[str]
     return argv
 
 
-class PalsLauncher:
+class PalsLauncher(ProgramLauncher):
     """Starts the agents with PALS ``mpiexec`` across the nodes of the PBS job."""
 
     name = "pals"
-    spans_nodes = True
+    program_name = "mpiexec"
+    how_to_get = HOW_TO_GET
 
-    def __init__(self) -> None:
-        self.program: str | None = None
-
-    def check(self) -> None:
-        """Find PALS's ``mpiexec``; a missing one is a LaunchError saying where it lives."""
-        self.program = find_program("mpiexec", launcher=self.name, how_to_get=HOW_TO_GET)
-
-    def launch(self, request: LaunchRequest) -> LaunchHandle:
-        if self.program is None:
-            self.check()
+    def command(self, request: LaunchRequest, program: str) -> list[str]:
         ppn = request.ppn if request.ppn is not None else default_ppn(request.world_size)
-        argv = pals_command(request, program=self.program or "mpiexec", ppn=ppn)
-        return start(argv, request)
+        return pals_command(request, program=program, ppn=ppn)

@@ -19,8 +19,8 @@ import os
 from collections.abc import Mapping
 
 from ...errors import LaunchError
-from ._command import agent_command, find_program, has_option, start
-from .base import LaunchHandle, LaunchRequest
+from ._command import ProgramLauncher, agent_command, has_option
+from .base import LaunchRequest
 
 __all__ = ["SrunLauncher", "srun_command"]
 
@@ -55,23 +55,18 @@ def srun_command(request: LaunchRequest, *, program: str, environ: Mapping[str, 
         argv.append("--kill-on-bad-exit=1")
     if not has_option(extra, "--export"):
         argv.append("--export=ALL")
-    argv += extra
-    argv += agent_command(request, ("Slurm", "PMIx", "MPICH hydra"))
-    return argv
+    return [*argv, *extra, *agent_command(request, ("Slurm", "PMIx", "MPICH hydra"))]
 
 
-class SrunLauncher:
+class SrunLauncher(ProgramLauncher):
     """Starts the agents as one Slurm job step across the allocation's nodes."""
 
     name = "srun"
-    spans_nodes = True
-
-    def __init__(self) -> None:
-        self.program: str | None = None
+    how_to_get = HOW_TO_GET
 
     def check(self) -> None:
         """Require ``srun`` on PATH and an allocation (SLURM_JOB_ID), each with a LaunchError saying how."""
-        self.program = find_program("srun", launcher=self.name, how_to_get=HOW_TO_GET)
+        super().check()
         if not os.environ.get("SLURM_JOB_ID", "").strip():
             raise LaunchError(
                 "--launcher=srun: this pytest is not inside a Slurm allocation (SLURM_JOB_ID is not set), and srun "
@@ -80,8 +75,5 @@ class SrunLauncher:
                 "--launcher=mpiexec or --launcher=torchrun."
             )
 
-    def launch(self, request: LaunchRequest) -> LaunchHandle:
-        if self.program is None:
-            self.check()
-        argv = srun_command(request, program=self.program or "srun", environ=os.environ)
-        return start(argv, request)
+    def command(self, request: LaunchRequest, program: str) -> list[str]:
+        return srun_command(request, program=program, environ=os.environ)
