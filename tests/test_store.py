@@ -130,6 +130,7 @@ NOISY = Recipe(name="noisy", model=noisy, rows=rows, loss=loss)
                 "*test_c: arm single, 32-true: reused from test_recipes.py::test_a (arm runs this session: 1 + 1 *",
             ],
             id="deterministic",
+            marks=pytest.mark.slow,  # SessionStore's unit tests cover the same path in CI
         ),
         pytest.param(
             "NOISY",
@@ -227,3 +228,20 @@ def test_an_arm_directory_names_where_its_record_came_from(tmp_path: Path) -> No
         "ref32: reused from t.py::test_clean",
         "ref32: computed in this test",
     )
+
+
+def test_a_second_test_waits_for_the_result_the_first_is_computing(tmp_path: Path) -> None:
+    """Two tests side by side that need the same clean arm: one computes it, the other waits and takes it."""
+    import threading
+
+    first = SessionStore(tmp_path, test="t::a")
+    assert first.begin("k").kind == "compute"  # holds the key's lock while the arm trains
+    plans: list[object] = []
+    waiter = threading.Thread(target=lambda: plans.append(SessionStore(tmp_path, test="t::b").begin("k")))
+    waiter.start()
+    waiter.join(timeout=0.5)
+    assert waiter.is_alive() and plans == []  # still waiting on the lock
+    first.finish("k", _Record((1.0,)))
+    waiter.join(timeout=10)
+    (plan,) = plans
+    assert (plan.kind, plan.origin) == ("check", "t::a")  # type: ignore[attr-defined]
