@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ArmsResult", "AssertionFailure", "FailedCheck"]
+__all__ = ["ArmsResult", "AssertionFailure", "FailedCheck", "attributes"]
+
+
+def attributes(obj: Any, *names: str) -> dict[str, Any]:
+    """``{name: obj.name}`` for each of ``names``, in order: the plain part of a result's JSON-ready form."""
+    return {name: getattr(obj, name) for name in names}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.results import record_assertion
@@ -99,19 +99,9 @@ class CrashRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready facts and verdict (non-finite numbers as strings)."""
         return {
-            "point": self.point,
-            "rank": self.rank,
-            "event": self.event,
-            "file": self.file,
-            "torn": self.torn,
-            "crashed": self.crashed,
-            "resume_status": self.resume_status,
-            "error": self.error,
+            **attributes(self, "point", "rank", "event", "file", "torn", "crashed", "resume_status", "error"),
             "weight_diff": _json_float(self.weight_diff),
-            "newest_complete": self.newest_complete,
-            "resumed_from": self.resumed_from,
-            "note": self.note,
-            "verdict": self.verdict,
+            **attributes(self, "newest_complete", "resumed_from", "note", "verdict"),
         }
 
     @classmethod
@@ -300,18 +290,13 @@ class CrashMatrix:
         return {
             "kind": self.kind,
             "format": _FORMAT,
-            "target": self.target,
-            "ranks": self.ranks,
-            "atol": self.atol,
-            "allow_lost_work": self.allow_lost_work,
+            **attributes(self, "target", "ranks", "atol", "allow_lost_work"),
             "fault_free_diff": _json_float(self.fault_free_diff),
             "deterministic": self.deterministic,
             "flake_runs": self.flake_runs,
             "flake_failures": list(self.flake_failures),
             "saves": list(self.saves),
-            "wall_s": self.wall_s,
-            "fault_free_error": self.fault_free_error,
-            "passed": self.passed,
+            **attributes(self, "wall_s", "fault_free_error", "passed"),
             "problems": list(self.problems),
             "counts": self.counts,
             "control": self.control.to_dict(),

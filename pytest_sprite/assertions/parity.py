@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import (
     Kind,
     Row,
@@ -130,14 +130,9 @@ class ArmParity:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures (non-finite numbers as strings)."""
         return {
-            "label": self.label,
-            "arm": self.arm,
-            "ranks": self.ranks,
-            "global_batch": self.global_batch,
-            "accumulate": self.accumulate,
-            "fault": self.fault,
-            "strategy": self.strategy,
-            "passed": self.passed,
+            **attributes(
+                self, "label", "arm", "ranks", "global_batch", "accumulate", "fault", "strategy", "passed"
+            ),
             "pre_norm_rel": finite_or_repr(self.pre_norm_rel),
             "post_norm_rel": finite_or_repr(self.post_norm_rel),
             "update_rel_l2": finite_or_repr(self.update_rel_l2),
@@ -182,9 +177,7 @@ class ParityResult(ArmsResult):
         """JSON-ready figures of this result (for a report or an offline record)."""
         return {
             "kind": "parity",
-            "rtol": self.rtol,
-            "reference": self.reference,
-            "passed": self.passed,
+            **attributes(self, "rtol", "reference", "passed"),
             "arms": [a.to_dict() for a in self.arms],
         }
 

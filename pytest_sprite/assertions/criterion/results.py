@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import figure_cell, format_figure, format_limit, render_table
 from pytest_sprite.assertions.numeric import finite_or_repr
 from pytest_sprite.errors import SpriteUsageError
@@ -185,10 +185,7 @@ class ScoredComparison:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures, per tensor included."""
         return {
-            "role": self.role,
-            "label": self.label,
-            "fault": self.fault,
-            "passed": self.passed,
+            **attributes(self, "role", "label", "fault", "passed"),
             "pre_norm_rel": finite_or_repr(self.pre_norm_rel),
             "pre_norm_where": self.pre_norm_where,
             "max_gradient_gap": finite_or_repr(self.max_gradient_gap),
@@ -216,12 +213,7 @@ class InvariantFailure:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
-            "arm": self.label,
-            "fault": self.fault,
-            "detail": self.detail,
-            "observations": self.observations,
-        }
+        return {"arm": self.label, **attributes(self, "fault", "detail", "observations")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,9 +232,7 @@ class InvariantResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
-            "name": self.name,
-            "description": self.description,
-            "passed": self.passed,
+            **attributes(self, "name", "description", "passed"),
             "failures": [f.to_dict() for f in self.failures],
         }
 
@@ -493,13 +483,7 @@ class CriterionResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready result: verdict, every table's figures, the rejection rows."""
         return {
-            "kind": self.kind,
-            "verdict": self.verdict,
-            "passed": self.passed,
-            "reason": self.reason,
-            "ranks": self.ranks,
-            "global_batch": self.global_batch,
-            "device_type": self.device_type,
+            **attributes(self, "kind", "verdict", "passed", "reason", "ranks", "global_batch", "device_type"),
             "limits": {"rtol": RTOL, "abs_floor": ABS_FLOOR, "eps_fp32": EPS_FP32, "clip_rtol": CLIP_RTOL},
             "scored": [c.to_dict() for c in self.scored],
             "gate": self.gate.to_dict(),

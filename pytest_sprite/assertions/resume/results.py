@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck
+from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import (
     Kind,
     Row,
@@ -94,10 +94,7 @@ class ResumeGaps:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures."""
-        return {
-            "arm": self.arm,
-            **{k: finite_or_repr(getattr(self, k)) for k in RESUME_GAPS},
-        }
+        return {"arm": self.arm, **{k: finite_or_repr(getattr(self, k)) for k in RESUME_GAPS}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,12 +127,7 @@ class ResumeArm:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {
-            "label": self.label,
-            "role": self.role,
-            "ranks": self.ranks,
-            "loads": self.loads,
-            "fault": self.fault,
-            "passed": self.passed,
+            **attributes(self, "label", "role", "ranks", "loads", "fault", "passed"),
             "failed": [f.to_dict() for f in self.failed],
         }
 
@@ -219,21 +211,11 @@ class ResumeResult(ArmsResult):
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready figures of this result."""
         return {
-            "kind": self.kind,
-            "run": self.run,
-            "strategy": self.strategy,
-            "precision": self.precision,
-            "ranks": self.ranks,
-            "global_batch": self.global_batch,
-            "reshard_ranks": self.reshard_ranks,
-            "export": self.export,
-            "fault": self.fault,
-            "passed": self.passed,
+            **attributes(self, "kind", "run", "strategy", "precision", "ranks", "global_batch"),
+            **attributes(self, "reshard_ranks", "export", "fault", "passed"),
             "arms": [a.to_dict() for a in self.arms],
             "gaps": [g.to_dict() for g in self.gaps],
-            "departs": self.departs,
-            "twin": self.twin,
-            "rng": self.rng,
+            **attributes(self, "departs", "twin", "rng"),
             "timings": {k: list(v) for k, v in self.timings.items()},
         }
 
