@@ -8,6 +8,7 @@ the session, with a message, and every later arm computed in its own test.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -164,9 +165,18 @@ def test_the_first_reuse_is_checked(
             RECIPE.run("single", steps=2, global_batch=4)
         """
     )
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v", "-W", "ignore::DeprecationWarning")
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "-v", "-W", "ignore::DeprecationWarning", f"--sprite-report={report}"
+    )
     assert result.parseoutcomes()["passed"] == 3
     result.stdout.fnmatch_lines(says, consecutive=False)
+    runs = 1 if recipe == "SEEDED" else 2
+    result.stdout.fnmatch_lines(
+        [f"sprite: arm runs this session: {runs} + 1 reuse check (--sprite-reuse=auto)"]
+    )
+    reuse = json.loads(report.read_text())["sprite_reuse"]
+    assert reuse == {"mode": "auto", "arm": runs, "role": 0, "arm_check": 1, "role_check": 0}
     if recipe == "NOISY":
         result.stdout.fnmatch_lines(["*ReuseRefusedWarning: two fault-free runs of the same clean arm*"])
 

@@ -7,6 +7,7 @@ so loading it costs nothing in the controller.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -70,3 +71,37 @@ def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
         yield init_device_mesh(device_type, (1,), mesh_dim_names=(DATA_PARALLEL,))
     finally:
         dist.destroy_process_group()
+
+
+def _store_counts(config: pytest.Config) -> dict[str, int] | None:
+    """The arm and role runs the session computed (the session store's count), None if it computed none."""
+    from pytest_sprite.glue.pytest_internals import tmp_path_factory
+    from pytest_sprite.recipes.store import STORE_DIR, run_counts
+
+    try:
+        root = Path(tmp_path_factory(config).getbasetemp()) / STORE_DIR
+    except Exception:  # no basetemp (pytest's tmpdir plugin disabled): nothing was counted
+        return None
+    counts = run_counts(root)
+    return counts if any(counts.values()) else None
+
+
+def pytest_sprite_report(report: dict[str, Any], config: pytest.Config) -> None:
+    """The JSON report's ``sprite_reuse``: the reuse mode and the arm and role runs the session computed."""
+    counts = _store_counts(config)
+    if counts is not None:
+        report["sprite_reuse"] = {
+            "mode": _setting(config, "reuse"),
+            **{k.replace(" ", "_"): v for k, v in counts.items()},
+        }
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """With ``-v``: one line saying how many arm and role runs the session computed (issue 22)."""
+    if config.get_verbosity() < 1 or getattr(config.option, "sprite_agent", None):
+        return
+    from pytest_sprite.recipes.store import tally
+
+    counts = _store_counts(config)
+    if counts is not None:
+        terminalreporter.write_line(f"sprite: {tally(counts)} (--sprite-reuse={_setting(config, 'reuse')})")
