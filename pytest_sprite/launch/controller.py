@@ -14,12 +14,7 @@ between starts, as before. ``--pack=off`` keeps pytest's own loop and runs one r
 
 from __future__ import annotations
 
-import os
 import queue
-import secrets
-import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import pytest
@@ -27,11 +22,10 @@ import pytest
 from ..errors import LaunchError, LeftoverProcessWarning, SpriteUsageError
 from ..glue.around import around_ranks_key
 from ..glue.collected import store_collected
-from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec
 from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
-from ..glue.results import keep_reported, progress_line, write_progress
-from ..glue.tmp_path import make_test_dir, prune_test_dir
+from ..glue.results import progress_line, write_progress
+from ..glue.tmp_path import make_test_dir
 from ..plumbing.collectives import STACK_WAIT
 from ..plumbing.protocol import (
     AGENT_EVENTS,
@@ -49,145 +43,30 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.timing import monotonic
-from .merge import RankEnd, merge_rank_reports
+from .merge import RankEnd
 from .pool import AgentPool
+from .reporting import log_run, log_warnings, merge_run
+from .runs import (
+    _hypothesis_seed,
+    _Run,
+    beyond_world_key,
+    finished_run_key,
+    item_timeout,
+    item_world_size,
+    launches_early,
+    size_items,
+    usable_cores,
+    world_size_key,
+)
 from .schedule import Scheduler, Utilisation
 
 __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
 
-world_size_key = pytest.StashKey[int]()
-"""The number of ranks an item runs on (absent: an ordinary test)."""
-beyond_world_key = pytest.StashKey[str]()
-"""Set when the item needs more ranks than the world: the skip reason."""
+# The bookkeeping of a run lives in runs.py and the logging in reporting.py; ``launches_early``,
+# ``usable_cores``, ``beyond_world_key`` and ``finished_run_key`` stay importable from here.
+
 _ABORT_LIMIT: Final = STACK_WAIT + 20.0
 """Seconds an agent has to end its child after an abort: the wait for its stacks, then the kill and the leftovers."""
-finished_run_key = pytest.StashKey["_Run"]()
-"""Set on a ranks item whose test has finished, just before the loop hands it to ``pytest_runtest_protocol``."""
-
-
-def item_world_size(item: pytest.Item) -> Size | None:
-    """How many ranks ``item`` runs on (``"world"``: the session's world, not sized yet), None for an ordinary test."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and PARAM_NAME in callspec.params:
-        size = callspec.params[PARAM_NAME]
-        return WORLD if size == WORLD else int(size)
-    spec = item_ranks_spec(item)
-    return spec.sizes[0] if spec is not None else None
-
-
-def item_timeout(item: pytest.Item, settings: Settings) -> tuple[float, str]:
-    """The seconds ``item`` may run and where that came from: its marker's ``timeout=``, else the session's.
-
-    Whatever form the marker has (a size, a list of sizes, ``"world"``): a parametrized item's spec is
-    found through :func:`item_ranks_spec`, not only in its stash, which only an unparametrized item had
-    filled at this point, so ``ranks("world", timeout=8)`` used to run for the session's timeout (issue 27).
-    """
-    spec = item_ranks_spec(item)
-    if spec is not None and spec.timeout is not None:
-        return spec.timeout, "@pytest.mark.ranks(timeout=...)"
-    return settings.timeout, settings.timeout_source
-
-
-def launches_early(settings: Settings, *, collect_only: bool, cores: int) -> bool:
-    """Whether the world is launched as collection starts (``--launch-early``; see ``Controller.launch_early``).
-
-    ``auto`` launches early only when this host has ``cores`` for the controller and every agent it may
-    run (``--ppn``, else all of ``--ranks``): on fewer, the agents' start-up and the controller's
-    collection share the cores and gain nothing by overlapping, while a session whose selected tests
-    need no world would pay for agents it ends unused.
-    """
-    if settings.launcher == "local" or settings.world_size is None or collect_only:
-        return False
-    if settings.launch_early != "auto":
-        return settings.launch_early == "on"
-    on_this_host = min(settings.world_size, settings.ppn or settings.world_size)
-    return cores >= on_this_host + 1
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the platform says, else the machine's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _hypothesis_seed(config: pytest.Config) -> int | str:
-    """The session's hypothesis seed, decided once for every rank (issue 9): ``--hypothesis-seed`` or drawn."""
-    given = config.getoption("hypothesis_seed", None)
-    if given is None:
-        return secrets.randbits(64)
-    try:
-        return int(given)  # as hypothesis' own pytest plugin reads it
-    except ValueError:
-        return str(given)
-
-
-def _warning_category(name: str) -> type[Warning]:
-    """The warning class a child named: a builtin, or pytest-sprite's own; else UserWarning."""
-    import builtins
-
-    found = getattr(builtins, name, None)
-    if name == LeftoverProcessWarning.__name__:
-        return LeftoverProcessWarning
-    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
-
-
-@dataclass
-class _Run:
-    """One ranks test, from its submission until its reports are logged."""
-
-    run_id: int
-    item: pytest.Item
-    nextitem: pytest.Item | None
-    n: int
-    timeout: float
-    timeout_source: str
-    agents: tuple[int, ...] = ()
-    """Test rank r runs on agent ``agents[r]``; empty until it starts."""
-    started: float = 0.0
-    done: bool = False
-    reports: dict[int, list[pytest.TestReport]] = field(default_factory=dict)
-    ends: dict[int, RankEnd] = field(default_factory=dict)
-    failed: list[int] = field(default_factory=list)
-    first_failure: float | None = None
-    aborted: dict[int, float] = field(default_factory=dict)
-    """Rank -> when the controller asked its agent to take its stacks and end it."""
-    exited: dict[int, float] = field(default_factory=dict)
-    """Rank -> when its ``child_exited`` arrived."""
-    failed_at: dict[int, float] = field(default_factory=dict)
-    """Rank -> when its first failure arrived."""
-    interrupted: str | None = None
-    test_dir: Path | None = None
-    """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
-    warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)
-    """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
-    hosts: dict[int, str] = field(default_factory=dict)
-    """Host of each rank's agent, for the per-rank outcomes of the reports."""
-
-    @property
-    def live(self) -> list[int]:
-        return [r for r in range(self.n) if r not in self.ends]
-
-    @property
-    def stacks_took(self) -> float | None:
-        """Seconds from the first abort until the last aborted rank's child had dumped its stacks and exited."""
-        done = [self.exited[r] for r in self.aborted if r in self.exited]
-        return max(done) - min(self.aborted.values()) if done else None
-
-    @property
-    def woken(self) -> list[int]:
-        """Ranks whose first failure came after the first abort: the end of a peer may have caused it."""
-        if not self.aborted:
-            return []
-        first = min(self.aborted.values())
-        return [r for r, when in self.failed_at.items() if when >= first]
-
-    def note_failure(self, rank: int) -> None:
-        self.failed_at.setdefault(rank, monotonic())
-        if rank not in self.failed:
-            self.failed.append(rank)
-        if self.first_failure is None:
-            self.first_failure = monotonic()
 
 
 class Controller:
@@ -257,37 +136,8 @@ class Controller:
 
     def plan(self, items: list[pytest.Item]) -> None:
         """Record each item's world size and skip those that need more ranks than the world."""
-        sizes: dict[pytest.Item, int] = {}
-        whole: list[pytest.Item] = []
-        for item in items:
-            n = item_world_size(item)
-            if n == WORLD:
-                whole.append(item)
-            elif n is not None:
-                sizes[item] = n
-                item.stash[world_size_key] = n
-        if self.world_size is None and sizes:
-            self.world_size = max(sizes.values())
-        for item in whole:  # ranks("world") without --ranks: the world the other markers size
-            if self.world_size is None:
-                reason = (
-                    '@pytest.mark.ranks("world") runs on the session\'s world, whose size nothing sets here: '
-                    "pass --ranks=W (or SPRITE_RANKS, or the ini option ranks)"
-                )
-                item.stash[beyond_world_key] = reason
-                item.add_marker(pytest.mark.skip(reason=reason))
-            else:
-                sizes[item] = item.stash[world_size_key] = self.world_size
+        self.world_size = size_items(items, self.world_size)
         self.items = {item.nodeid: item for item in items}
-        for item, n in sizes.items():
-            assert self.world_size is not None
-            if n > self.world_size:
-                reason = (
-                    f"needs {n} ranks, the world has {self.world_size} "
-                    f"(--ranks={self.world_size}); run with --ranks={n} or more to include it"
-                )
-                item.stash[beyond_world_key] = reason
-                item.add_marker(pytest.mark.skip(reason=reason))
         if not any(self._ranks_size(item) for item in items):
             self.close_early()  # nothing selected runs on the world: free its cores for the tests that run
 
@@ -717,55 +567,18 @@ class Controller:
                     run.agents[rank], "abort", {"run_id": run.run_id, "reason": reason, "detail": detail}
                 )
 
-    # -- logging -----------------------------------------------------------------------------------
+    # -- logging (pytest_sprite.launch.reporting) ------------------------------------------------
 
     def log(self, run: _Run) -> None:
         """Log ``run``'s merged reports under its own id, as pytest logs a test it ran."""
-        item, ihook = run.item, run.item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        reports = self.merge(run)
-        for report in reports:
-            keep_reported(item, report)
-            ihook.pytest_runtest_logreport(report=report)
-        self.log_warnings(run)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-        if run.test_dir is not None:
-            call = [r for r in reports if r.when == "call"]
-            prune_test_dir(self.config, run.test_dir, passed=call[0].passed if call else True)
+        log_run(self.config, run)
 
     def log_warnings(self, run: _Run) -> None:
         """Hand the ranks' warnings to pytest's warnings summary, one per warning, naming its ranks."""
-        for (category, message, filename, lineno), ranks in run.warnings.items():
-            label = (
-                fold_ranks(ranks) if len(ranks) < run.n else f"all {run.n} ranks" if run.n > 1 else "rank 0"
-            )
-            text = message if message.startswith(("rank ", "ranks ")) else f"[{label}] {message}"
-            record = warnings.WarningMessage(
-                _warning_category(category)(text), _warning_category(category), filename, lineno
-            )
-            self.config.hook.pytest_warning_recorded.call_historic(
-                kwargs={
-                    "warning_message": record,
-                    "when": "runtest",
-                    "nodeid": run.item.nodeid,
-                    "location": None,
-                }
-            )
+        log_warnings(self.config, run)
 
     def merge(self, run: _Run) -> list[pytest.TestReport]:
-        item = run.item
-        return merge_rank_reports(
-            nodeid=item.nodeid,
-            location=item.location,
-            keywords={k: 1 for k in item.keywords},
-            per_rank=run.reports,
-            ends=run.ends,
-            world_size=run.n,
-            failure_order=run.failed,
-            hosts=run.hosts,
-            stacks_took=run.stacks_took,
-            woken=run.woken,
-        )
+        return merge_run(run)
 
     def shutdown(self) -> None:
         """Stop the agents (a lost pool, or the end of the session); tests still counted end now."""

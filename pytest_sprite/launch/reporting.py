@@ -1,0 +1,80 @@
+"""The controller's reporting: one finished ranks test logged as pytest logs a test it ran.
+
+Split from :mod:`pytest_sprite.launch.controller`: the merged reports of every phase, the ranks' warnings
+folded over ranks into pytest's warnings summary, and the test's shared tmp_path pruned by its outcome.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from ..errors import LeftoverProcessWarning
+from ..glue.results import keep_reported
+from ..glue.tmp_path import prune_test_dir
+from ..plumbing.ranges import fold_ranks
+from .merge import merge_rank_reports
+from .runs import _Run
+
+__all__ = ["log_run", "log_warnings", "merge_run"]
+
+
+def _warning_category(name: str) -> type[Warning]:
+    """The warning class a child named: a builtin, or pytest-sprite's own; else UserWarning."""
+    import builtins
+
+    found = getattr(builtins, name, None)
+    if name == LeftoverProcessWarning.__name__:
+        return LeftoverProcessWarning
+    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+
+
+def log_run(config: pytest.Config, run: _Run) -> None:
+    """Log ``run``'s merged reports under its own id, as pytest logs a test it ran."""
+    item, ihook = run.item, run.item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = merge_run(run)
+    for report in reports:
+        keep_reported(item, report)
+        ihook.pytest_runtest_logreport(report=report)
+    log_warnings(config, run)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    if run.test_dir is not None:
+        call = [r for r in reports if r.when == "call"]
+        prune_test_dir(config, run.test_dir, passed=call[0].passed if call else True)
+
+
+def log_warnings(config: pytest.Config, run: _Run) -> None:
+    """Hand the ranks' warnings to pytest's warnings summary, one per warning, naming its ranks."""
+    for (category, message, filename, lineno), ranks in run.warnings.items():
+        label = fold_ranks(ranks) if len(ranks) < run.n else f"all {run.n} ranks" if run.n > 1 else "rank 0"
+        text = message if message.startswith(("rank ", "ranks ")) else f"[{label}] {message}"
+        record = warnings.WarningMessage(
+            _warning_category(category)(text), _warning_category(category), filename, lineno
+        )
+        config.hook.pytest_warning_recorded.call_historic(
+            kwargs={
+                "warning_message": record,
+                "when": "runtest",
+                "nodeid": run.item.nodeid,
+                "location": None,
+            }
+        )
+
+
+def merge_run(run: _Run) -> list[pytest.TestReport]:
+    """``run``'s per-rank reports merged into one per phase."""
+    item = run.item
+    return merge_rank_reports(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={k: 1 for k in item.keywords},
+        per_rank=run.reports,
+        ends=run.ends,
+        world_size=run.n,
+        failure_order=run.failed,
+        hosts=run.hosts,
+        stacks_took=run.stacks_took,
+        woken=run.woken,
+    )
