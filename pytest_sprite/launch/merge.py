@@ -206,25 +206,7 @@ def merge_rank_reports(
     outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host.
     """
     outcomes = rank_outcomes(per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {})
-    by_phase: dict[str, dict[int, TestReport]] = {p: {} for p in PHASES}
-    synthesized: dict[int, str] = {}
-    """Rank -> the phase it was in when it ended without finishing, where it got a synthesized report."""
-    for rank in range(world_size):
-        reports = list(per_rank.get(rank, []))
-        for rep in reports:
-            by_phase[rep.when][rank] = rep
-        end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
-        if not (reports and reports[-1].when == "teardown"):
-            running = phase_in_progress(reports)
-            synthesized[rank] = running
-            by_phase[running][rank] = _synthesize(
-                reports[0] if reports else None,
-                nodeid,
-                location,
-                keywords,
-                running,
-                describe_end(end, running),
-            )
+    by_phase, synthesized = _reports_by_phase(per_rank, ends, world_size, nodeid, location, keywords)
     places = rank_places(per_rank=per_rank, ends=ends, world_size=world_size, woken=woken)
     causes = _blame_lost_peers(by_phase, places, nodeid, location, keywords)
     _roll_call(by_phase, ends, places, synthesized, woken, stacks_took, nodeid, location, keywords)
@@ -255,6 +237,39 @@ def merge_rank_reports(
     if merged:
         setattr(merged[-1], RANKS_ATTR, outcomes)
     return merged
+
+
+def _reports_by_phase(
+    per_rank: dict[int, list[TestReport]],
+    ends: dict[int, RankEnd],
+    world_size: int,
+    nodeid: str,
+    location: tuple[str, int | None, str],
+    keywords: dict[str, Any],
+) -> tuple[dict[str, dict[int, TestReport]], dict[int, str]]:
+    """Each phase's report of each rank, one synthesized where a rank ended without finishing.
+
+    Also returns rank -> the phase it was in when it ended without finishing, where it got that report.
+    """
+    by_phase: dict[str, dict[int, TestReport]] = {p: {} for p in PHASES}
+    synthesized: dict[int, str] = {}
+    for rank in range(world_size):
+        reports = list(per_rank.get(rank, []))
+        for rep in reports:
+            by_phase[rep.when][rank] = rep
+        end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
+        if not (reports and reports[-1].when == "teardown"):
+            running = phase_in_progress(reports)
+            synthesized[rank] = running
+            by_phase[running][rank] = _synthesize(
+                reports[0] if reports else None,
+                nodeid,
+                location,
+                keywords,
+                running,
+                describe_end(end, running),
+            )
+    return by_phase, synthesized
 
 
 def _blame_lost_peers(
@@ -322,23 +337,7 @@ def _roll_call(
     ended = sorted(r for r, end in ends.items() if end.ended_by in ("timeout", "peer_failed"))
     if not ended:
         return
-    reasons = {r: ends[r].ended_by for r in ended}
-    for rank in woken:
-        if rank not in reasons and places[rank].waiting is not None:
-            reasons[rank] = ends[ended[0]].ended_by
-            synthesized[rank] = ""  # no report of its own was made up: set to the phase of its error below
-    for rank in sorted(reasons):
-        # Its stack was taken as it waited; the peer ended before it then broke its collective, and its
-        # transport error is the harness's doing, not the test's: it joins the roll call in that phase.
-        phase = next(
-            (p for p in PHASES if rank in by_phase[p] and is_transport_failure(by_phase[p][rank])), None
-        )
-        # It may also have finished its test after the error, before its agent killed it (seen at 96 ranks).
-        if phase is not None and places[rank].waiting is not None and (rank in woken or rank in synthesized):
-            made_up = synthesized.get(rank, "")
-            if made_up not in ("", phase) and rank in by_phase[made_up]:
-                del by_phase[made_up][rank]
-            synthesized[rank] = phase
+    reasons = _roll_call_reasons(by_phase, ends, places, synthesized, woken, ended)
     cause = cause_sentence(places)
     headline = cause[1] if cause is not None else odd_ones(places)
     shown_in: str | None = None
@@ -370,6 +369,38 @@ def _roll_call(
                 by_phase[phase][rank] = _synthesize(
                     by_phase[phase][rank], nodeid, location, keywords, phase, text
                 )
+
+
+def _roll_call_reasons(
+    by_phase: dict[str, dict[int, TestReport]],
+    ends: dict[int, RankEnd],
+    places: dict[int, Place],
+    synthesized: dict[int, str],
+    woken: Collection[int],
+    ended: list[int],
+) -> dict[int, EndedBy | None]:
+    """Rank -> why it is in the roll call: the ranks the harness ended, and the woken ranks waiting beside them.
+
+    Moves each such rank's report to the phase of its transport error (``synthesized``).
+    """
+    reasons = {r: ends[r].ended_by for r in ended}
+    for rank in woken:
+        if rank not in reasons and places[rank].waiting is not None:
+            reasons[rank] = ends[ended[0]].ended_by
+            synthesized[rank] = ""  # no report of its own was made up: set to the phase of its error below
+    for rank in sorted(reasons):
+        # Its stack was taken as it waited; the peer ended before it then broke its collective, and its
+        # transport error is the harness's doing, not the test's: it joins the roll call in that phase.
+        phase = next(
+            (p for p in PHASES if rank in by_phase[p] and is_transport_failure(by_phase[p][rank])), None
+        )
+        # It may also have finished its test after the error, before its agent killed it (seen at 96 ranks).
+        if phase is not None and places[rank].waiting is not None and (rank in woken or rank in synthesized):
+            made_up = synthesized.get(rank, "")
+            if made_up not in ("", phase) and rank in by_phase[made_up]:
+                del by_phase[made_up][rank]
+            synthesized[rank] = phase
+    return reasons
 
 
 def _roll_call_body(
@@ -459,6 +490,29 @@ def rank_outcomes(
     return out
 
 
+def _rank_failures(
+    reps: dict[int, TestReport],
+    failed: list[int],
+    failure_order: Sequence[int],
+    causes: Sequence[int],
+    ends: dict[int, RankEnd],
+    location: Any,
+) -> RankFailures:
+    """The failed ranks' tracebacks, causes first, then in the order they failed; identical ones fold."""
+    position = {r: i for i, r in enumerate(failure_order)}
+    failed.sort(
+        key=lambda r: (-1 if r in causes else _cause_rank(ends.get(r)), position.get(r, len(position)), r)
+    )
+    groups: dict[Any, tuple[list[int], Any]] = {}
+    for r in failed:
+        key = _failure_key(reps[r].longrepr)
+        groups.setdefault(key, ([], reps[r].longrepr))[0].append(r)
+    return RankFailures(
+        groups=[(tuple(rs), lr) for rs, lr in groups.values()],
+        location=(str(location[0]), int(location[1] or 0) + 1),
+    )
+
+
 def _merge_phase(
     phase: str,
     reps: dict[int, TestReport],
@@ -483,18 +537,7 @@ def _merge_phase(
         user_properties.append(("sprite.world_size", world_size))
     duration = max(rep.duration for rep in reps.values())
     if failed:
-        position = {r: i for i, r in enumerate(failure_order)}
-        failed.sort(
-            key=lambda r: (-1 if r in causes else _cause_rank(ends.get(r)), position.get(r, len(position)), r)
-        )
-        groups: dict[Any, tuple[list[int], Any]] = {}
-        for r in failed:
-            key = _failure_key(reps[r].longrepr)
-            groups.setdefault(key, ([], reps[r].longrepr))[0].append(r)
-        longrepr: Any = RankFailures(
-            groups=[(tuple(rs), lr) for rs, lr in groups.values()],
-            location=(str(location[0]), int(location[1] or 0) + 1),
-        )
+        longrepr: Any = _rank_failures(reps, failed, failure_order, causes, ends, location)
         if skipped:
             sections.append(("sprite", f"{fold_ranks(skipped)} skipped this phase"))
         outcome = "failed"
