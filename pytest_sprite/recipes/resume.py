@@ -278,13 +278,22 @@ def _on_rank0(world: World | None, fn: Callable[..., T], *args: Any, **kwargs: A
 
 
 def _shared_directory(directory: str | os.PathLike[str] | None, world: World | None) -> str:
-    """A fresh directory every rank uses: made by rank 0 and broadcast (the ranks share its filesystem)."""
+    """A fresh directory every rank uses: made by rank 0 and broadcast (the ranks share its filesystem).
+
+    In a ranks test it is in the test's ``tmp_path``, which every node sees; the system's temporary
+    directory is each node's own (issue 25: ranks on another node wrote their shards where rank 0 never
+    looked).
+    """
     import tempfile
 
     if directory is not None:
         path = os.fspath(directory)
     elif world is None or world.rank == 0:
-        path = tempfile.mkdtemp(prefix="sprite-resume-")
+        try:
+            base: str | None = str(world.rank_path()) if world is not None and world.distributed else None
+        except RuntimeError:  # a world without a test directory: one host
+            base = None
+        path = tempfile.mkdtemp(prefix="sprite-resume-", dir=base)
     else:
         path = ""
     if world is not None and world.distributed:
