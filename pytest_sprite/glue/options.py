@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -328,37 +329,14 @@ class Settings:
         ppn = get("sprite_ppn")
         largs = get("sprite_launcher_args")
         connect = get("sprite_connect_timeout")
-        device = get("sprite_device")
-        device_name = str(device[0]).strip() if device else "auto"
-        if device_name not in DEVICE_CHOICES:
-            where = device[1] if device else "--device"
-            raise SpriteUsageError(f"{where}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")
+        device_name = _device_name(get("sprite_device"))
         host = get("sprite_controller_host")
-        summary = get("sprite_summary")
-        summary_name = str(summary[0]).strip() if summary else "auto"
-        if summary is not None and summary_name not in SUMMARY_CHOICES:
-            raise SpriteUsageError(
-                f"{summary[1]}={summary_name!r}: valid values are {', '.join(SUMMARY_CHOICES)}"
-            )
+        summary_name = _summary_name(get("sprite_summary"))
         pack = get("sprite_pack")
         early = get("sprite_launch_early")
-        early_name = str(early[0]).strip().lower() if early else "auto"
-        if early is not None and early_name not in LAUNCH_EARLY_CHOICES:
-            raise SpriteUsageError(
-                f"{early[1]}={early[0]!r}: valid values are {', '.join(LAUNCH_EARLY_CHOICES)}"
-            )
-
-        torch_tests = get("sprite_torch_tests")
-        torch_tests_name = str(torch_tests[0]).strip().lower() if torch_tests else "native"
-        if torch_tests is not None and torch_tests_name not in TORCH_TESTS_CHOICES:
-            raise SpriteUsageError(
-                f"{torch_tests[1]}={torch_tests[0]!r}: valid values are {', '.join(TORCH_TESTS_CHOICES)}"
-            )
-
-        reuse = get("sprite_reuse")
-        reuse_name = str(reuse[0]).strip().lower() if reuse else "auto"
-        if reuse is not None and reuse_name not in REUSE_CHOICES:
-            raise SpriteUsageError(f"{reuse[1]}={reuse[0]!r}: valid values are {', '.join(REUSE_CHOICES)}")
+        early_name = _lower_choice(early, "auto", LAUNCH_EARLY_CHOICES)
+        torch_tests_name = _lower_choice(get("sprite_torch_tests"), "native", TORCH_TESTS_CHOICES)
+        reuse_name = _lower_choice(get("sprite_reuse"), "auto", REUSE_CHOICES)
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -387,6 +365,33 @@ class Settings:
             torch_tests=torch_tests_name,
             reuse=reuse_name,
         )
+
+
+def _device_name(device: tuple[Any, str] | None) -> str:
+    """``--device``'s value, stripped, when it is one of DEVICE_CHOICES; ``auto`` when unset."""
+    device_name = str(device[0]).strip() if device else "auto"
+    if device_name not in DEVICE_CHOICES:
+        where = device[1] if device else "--device"
+        raise SpriteUsageError(f"{where}={device_name!r}: valid values are {', '.join(DEVICE_CHOICES)}")
+    return device_name
+
+
+def _summary_name(summary: tuple[Any, str] | None) -> str:
+    """``--sprite-summary``'s value, stripped, when it is one of SUMMARY_CHOICES; ``auto`` when unset."""
+    summary_name = str(summary[0]).strip() if summary else "auto"
+    if summary is not None and summary_name not in SUMMARY_CHOICES:
+        raise SpriteUsageError(
+            f"{summary[1]}={summary_name!r}: valid values are {', '.join(SUMMARY_CHOICES)}"
+        )
+    return summary_name
+
+
+def _lower_choice(raw: tuple[Any, str] | None, default: str, choices: Sequence[str]) -> str:
+    """An option's value, stripped and lower-cased, when it is one of ``choices``; ``default`` when unset."""
+    name = str(raw[0]).strip().lower() if raw else default
+    if raw is not None and name not in choices:
+        raise SpriteUsageError(f"{raw[1]}={raw[0]!r}: valid values are {', '.join(choices)}")
+    return name
 
 
 def parse_on_off(value: object, where: str) -> bool:
