@@ -59,17 +59,7 @@ def trainer_kwargs(
             f"trainer_kwargs(num_nodes={num_nodes!r}): use a positive int (nodes in the job)."
         )
     precision_name = normalize_precision(precision)
-    if accelerator == "xpu" and not XPUAccelerator.is_available():
-        raise SpriteUsageError(
-            f"trainer_kwargs(accelerator='xpu'): no XPU is visible (torch {torch.__version__}, "
-            f"torch.xpu.is_available() is False). Use a torch build with XPU support (on Aurora: `module load "
-            f"frameworks`), or accelerator='cpu' to run the same strategy on CPU with gloo."
-        )
-    if accelerator == "cuda" and not torch.cuda.is_available():
-        raise SpriteUsageError(
-            f"trainer_kwargs(accelerator='cuda'): no CUDA GPU is visible (torch {torch.__version__}, "
-            f"torch.cuda.is_available() is False); use accelerator='cpu' to run the same strategy on CPU."
-        )
+    _require_visible(accelerator)
     plugin = _precision_plugin(strategy, precision_name, accelerator)
 
     chosen: Strategy
@@ -92,6 +82,21 @@ def trainer_kwargs(
         "num_nodes": num_nodes,
         "plugins": [plugin],
     }
+
+
+def _require_visible(accelerator: str) -> None:
+    """Raise when ``accelerator`` is "xpu" or "cuda" and this torch sees no such device."""
+    if accelerator == "xpu" and not XPUAccelerator.is_available():
+        raise SpriteUsageError(
+            f"trainer_kwargs(accelerator='xpu'): no XPU is visible (torch {torch.__version__}, "
+            f"torch.xpu.is_available() is False). Use a torch build with XPU support (on Aurora: `module load "
+            f"frameworks`), or accelerator='cpu' to run the same strategy on CPU with gloo."
+        )
+    if accelerator == "cuda" and not torch.cuda.is_available():
+        raise SpriteUsageError(
+            f"trainer_kwargs(accelerator='cuda'): no CUDA GPU is visible (torch {torch.__version__}, "
+            f"torch.cuda.is_available() is False); use accelerator='cpu' to run the same strategy on CPU."
+        )
 
 
 def _precision_plugin(strategy: str, name: str, accelerator: str) -> Precision:
