@@ -50,19 +50,8 @@ def train(out_dir: str | os.PathLike[str], protocol: Protocol) -> dict[str, torc
         raise ValueError(f"unknown protocol {protocol!r}; protocols: {', '.join(PROTOCOLS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    g = torch.Generator().manual_seed(1)
-    xs = torch.randn(STEPS, 8, 4, generator=g)
-    ys = torch.randn(STEPS, 8, 2, generator=g)
-    start = 0
-    latest = _latest(out)
-    if latest is not None:
-        model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
-        opt.load_state_dict(torch.load(latest / "optim.pt", weights_only=True))
-        start = int(json.loads((latest / "state.json").read_text())["step"])
-    note_resumed_from(None if latest is None else latest.name)
+    model, opt, xs, ys = _job()
+    start = _resume(out, model, opt, "optim.pt")
     for step in range(start, STEPS):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(xs[step]), ys[step])
@@ -71,6 +60,33 @@ def train(out_dir: str | os.PathLike[str], protocol: Protocol) -> dict[str, torc
         if (step + 1) % SAVE_EVERY == 0:
             _save(out, step + 1, model, opt, protocol)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _job() -> tuple[torch.nn.Linear, torch.optim.SGD, torch.Tensor, torch.Tensor]:
+    """The seeded model, its optimizer and every step's batch: the same on every rank and every run."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(STEPS, 8, 4, generator=g)
+    ys = torch.randn(STEPS, 8, 2, generator=g)
+    return model, opt, xs, ys
+
+
+def _resume(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, optim_file: str) -> int:
+    """Load the newest checkpoint the protocol trusts (if any) and note it; the step to go on from."""
+    import torch
+
+    start = 0
+    latest = _latest(out)
+    if latest is not None:
+        model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
+        opt.load_state_dict(torch.load(latest / optim_file, weights_only=True))
+        start = int(json.loads((latest / "state.json").read_text())["step"])
+    note_resumed_from(None if latest is None else latest.name)
+    return start
 
 
 def _latest(out: Path) -> Path | None:
@@ -135,19 +151,8 @@ def _train_ranks(out_dir: str | os.PathLike[str], *, installer: str) -> dict[str
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         out = Path(out_dir)
-        torch.manual_seed(0)
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        g = torch.Generator().manual_seed(1)
-        xs = torch.randn(STEPS, 8, 4, generator=g)
-        ys = torch.randn(STEPS, 8, 2, generator=g)
-        start = 0
-        latest = _latest(out)
-        if latest is not None:
-            model.load_state_dict(torch.load(latest / "model.pt", weights_only=True))
-            opt.load_state_dict(torch.load(latest / f"optim-{rank}.pt", weights_only=True))
-            start = int(json.loads((latest / "state.json").read_text())["step"])
-        note_resumed_from(None if latest is None else latest.name)
+        model, opt, xs, ys = _job()
+        start = _resume(out, model, opt, f"optim-{rank}.pt")
         for step in range(start, STEPS):
             opt.zero_grad()
             part = slice(rank * 8 // world, (rank + 1) * 8 // world)
