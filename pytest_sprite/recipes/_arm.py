@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_sprite.faults import Planter, PlantSite, plant
+from pytest_sprite.faults import PlantSite, plant
+from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
@@ -44,7 +44,7 @@ from pytest_sprite.recipes.mesh import data_parallel_mesh
 from pytest_sprite.records import ArmRecord, RecipeIdentity, tensor_digest
 from pytest_sprite.world import World
 
-__all__ = ["ArmPlan", "run_distributed", "run_single"]
+__all__ = ["ArmFit", "ArmPlan", "run_distributed", "run_single"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +56,19 @@ class ArmPlan:
     precision: str
     accumulate: int
     fault: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmFit:
+    """One arm's fit on this rank: the plan, the recipe's calls, a fresh model, the rows and the world."""
+
+    plan: ArmPlan
+    recipe: ArmRecipe
+    model: torch.nn.Module
+    rows: Sequence[Any]
+    world: World
+    strategy: Any = None
+    """A Lightning strategy instance that replaces the arm's own (None: the arm's)."""
 
 
 @dataclass(kw_only=True)
@@ -75,33 +88,22 @@ class _Trace:
     strategy: str = ""
 
 
-class _ArmModule(pl.LightningModule):
+class _ArmModule(PlantedModule):
     """The recipe as a LightningModule that writes what it sees into a :class:`_Trace`."""
 
     def __init__(
         self,
         *,
-        recipe: ArmRecipe,
-        net: torch.nn.Module,
-        rows: Sequence[Any],
         plan: ArmPlan,
-        world_size: int,
         micro_batch: int,
-        planter: Planter,
-        site: PlantSite,
         shard: bool,
         mesh_factory: Callable[[], Any],
+        **planted: Any,
     ) -> None:
-        super().__init__()
-        self.net = net
+        super().__init__(**planted)
         self.trace = _Trace()
-        self._recipe = recipe
-        self._rows = rows
         self._plan = plan
-        self._world_size = world_size
         self._micro_batch = micro_batch
-        self._planter = planter
-        self._site = site
         self._shard = shard
         self._mesh_factory = mesh_factory
 
@@ -164,21 +166,13 @@ class _ArmModule(pl.LightningModule):
         self.trace.final_digest = h.hexdigest()
 
 
-def _fit(
-    plan: ArmPlan,
-    *,
-    kind: str,
-    recipe: ArmRecipe,
-    model: torch.nn.Module,
-    rows: Sequence[Any],
-    world: World,
-    world_size: int,
-    strategy: Any,
-) -> _Trace:
+def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
+    plan, world = fit.plan, fit.world
+    kind, world_size = (plan.arm, world.size) if distributed else ("single", 1)
     ident = plan.identity
     kwargs = lightning_kwargs(kind, world, plan.precision)
-    if strategy is not None:
-        kwargs["strategy"] = strategy
+    if fit.strategy is not None:
+        kwargs["strategy"] = fit.strategy
     site = PlantSite(
         arm=plan.arm,
         rank=world.rank,
@@ -187,9 +181,9 @@ def _fit(
         precision=plan.precision,
     )
     module = _ArmModule(
-        recipe=recipe,
-        net=model,
-        rows=rows,
+        recipe=fit.recipe,
+        net=fit.model,
+        rows=fit.rows,
         plan=plan,
         world_size=world_size,
         micro_batch=ident.global_batch // (world_size * plan.accumulate),
@@ -256,53 +250,19 @@ def _summary(trace: _Trace) -> dict[str, Any]:
     }
 
 
-def run_single(
-    plan: ArmPlan,
-    *,
-    recipe: ArmRecipe,
-    model: torch.nn.Module,
-    rows: Sequence[Any],
-    world: World,
-    strategy: Any = None,
-) -> ArmRecord:
+def run_single(fit: ArmFit) -> ArmRecord:
     """The reference: the full global batch on this rank's one device, no collectives."""
-    trace = _fit(
-        plan,
-        kind="single",
-        recipe=recipe,
-        model=model,
-        rows=rows,
-        world=world,
-        world_size=1,
-        strategy=strategy,
-    )
-    return _record(plan, trace=trace, per_rank=[_summary(trace)], device_type=world.device.type)
+    trace = _fit(fit, distributed=False)
+    return _record(fit.plan, trace=trace, per_rank=[_summary(trace)], device_type=fit.world.device.type)
 
 
-def run_distributed(
-    plan: ArmPlan,
-    *,
-    recipe: ArmRecipe,
-    model: torch.nn.Module,
-    rows: Sequence[Any],
-    world: World,
-    strategy: Any = None,
-) -> ArmRecord:
+def run_distributed(fit: ArmFit) -> ArmRecord:
     """A ddp or fsdp arm on every rank of the test; every rank returns the same record (rank 0's tensors)."""
-    trace = _fit(
-        plan,
-        kind=plan.arm,
-        recipe=recipe,
-        model=model,
-        rows=rows,
-        world=world,
-        world_size=world.size,
-        strategy=strategy,
-    )
+    trace = _fit(fit, distributed=True)
     per_rank, shared = share_from_rank0(
-        world,
+        fit.world,
         trace,
         summary=_summary(trace),
         shared=("trainable_names", "frozen_names", "initial", "final", "frozen_initial", "strategy"),
     )
-    return _record(plan, trace=shared, per_rank=per_rank, device_type=world.device.type)
+    return _record(fit.plan, trace=shared, per_rank=per_rank, device_type=fit.world.device.type)

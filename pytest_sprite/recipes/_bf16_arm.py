@@ -20,18 +20,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, default_collate
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import Planter, PlantSite, plant
+from pytest_sprite.faults import PlantSite, plant
 from pytest_sprite.plumbing.dependency_internals import (
     ddp_comm_hook_names,
     ddp_ignore_parameters,
     ddp_logging_data,
     fsdp_mixed_precision,
 )
+from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
@@ -63,7 +63,7 @@ from pytest_sprite.records import (
 )
 from pytest_sprite.world import World
 
-__all__ = ["Bf16Plan", "Bf16Sites", "run_bf16_distributed", "run_bf16_single"]
+__all__ = ["Bf16Fit", "Bf16Plan", "Bf16Sites", "run_bf16_distributed", "run_bf16_single"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +90,20 @@ class Bf16Plan:
     """N: the test's world size, which ddp/fsdp run on and the split arms emulate."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class Bf16Fit:
+    """One BF16 arm's fit on this rank: the plan, the recipe's calls, a fresh model, the rows, the world."""
+
+    plan: Bf16Plan
+    recipe: ArmRecipe
+    net: torch.nn.Module
+    rows: Any
+    world: World
+    sites: Bf16Sites
+    strategy: Any = None
+    """A Lightning strategy instance that replaces ddp's or fsdp's own (None: the arm's)."""
+
+
 @dataclass(kw_only=True)
 class _Trace:
     """What one rank saw (mutable while the fit runs)."""
@@ -109,35 +123,16 @@ class _Trace:
     linear: dict[tuple[str, str, str, str, bool, str | None], int] = field(default_factory=dict)
 
 
-class _Bf16Module(pl.LightningModule):
+class _Bf16Module(PlantedModule):
     """One BF16 arm as a LightningModule that writes every step's observations into a :class:`_Trace`."""
 
-    def __init__(
-        self,
-        *,
-        recipe: ArmRecipe,
-        net: torch.nn.Module,
-        rows: Any,
-        plan: Bf16Plan,
-        sites: Bf16Sites,
-        kind: str,
-        rank: int,
-        world_size: int,
-        planter: Planter,
-        site: PlantSite,
-    ) -> None:
-        super().__init__()
-        self.net = net
+    def __init__(self, *, plan: Bf16Plan, sites: Bf16Sites, kind: str, rank: int, **planted: Any) -> None:
+        super().__init__(**planted)
         self.trace = _Trace()
-        self._recipe = recipe
-        self._rows = rows
         self._plan = plan
         self._sites = sites
         self._kind = kind
         self._rank = rank
-        self._world_size = world_size
-        self._planter = planter
-        self._site = site
         self._handles: list[Any] = []
         self.automatic_optimization = kind not in ("split", "split_premul")
 
@@ -415,31 +410,23 @@ def _ddp_dtype(name: str) -> str:
     return table.get(name.strip(), name.strip())
 
 
-def _fit(
-    plan: Bf16Plan,
-    *,
-    recipe: ArmRecipe,
-    net: torch.nn.Module,
-    rows: Any,
-    world: World,
-    sites: Bf16Sites,
-    strategy: Any = None,
-) -> _Trace:
+def _fit(fit: Bf16Fit) -> _Trace:
+    plan, world = fit.plan, fit.world
     ident = plan.identity
     kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
     distributed = kind in ("ddp", "fsdp")
     world_size = world.size if distributed else 1
     kwargs = lightning_kwargs(kind if distributed else "single", world, plan.precision)
-    if strategy is not None:
-        kwargs["strategy"] = strategy
+    if fit.strategy is not None:
+        kwargs["strategy"] = fit.strategy
     rank = world.rank if distributed else 0
     site = PlantSite(arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision)
     module = _Bf16Module(
-        recipe=recipe,
-        net=net,
-        rows=rows,
+        recipe=fit.recipe,
+        net=fit.net,
+        rows=fit.rows,
         plan=plan,
-        sites=sites,
+        sites=fit.sites,
         kind=kind,
         rank=rank,
         world_size=world_size,
@@ -505,30 +492,19 @@ def _summary(trace: _Trace) -> dict[str, Any]:
     }
 
 
-def run_bf16_single(
-    plan: Bf16Plan, *, recipe: ArmRecipe, net: torch.nn.Module, rows: Any, world: World, sites: Bf16Sites
-) -> Bf16ArmRecord:
+def run_bf16_single(fit: Bf16Fit) -> Bf16ArmRecord:
     """ref32, ref, split or split_premul on this rank's one device (the caller runs it on one rank)."""
-    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites)
-    return _record(plan, trace, [_summary(trace)], world.device.type, sites)
+    trace = _fit(fit)
+    return _record(fit.plan, trace, [_summary(trace)], fit.world.device.type, fit.sites)
 
 
-def run_bf16_distributed(
-    plan: Bf16Plan,
-    *,
-    recipe: ArmRecipe,
-    net: torch.nn.Module,
-    rows: Any,
-    world: World,
-    sites: Bf16Sites,
-    strategy: Any = None,
-) -> Bf16ArmRecord:
+def run_bf16_distributed(fit: Bf16Fit) -> Bf16ArmRecord:
     """ddp or fsdp on every rank (or ``strategy``); every rank returns the same record (rank 0's tensors)."""
-    trace = _fit(plan, recipe=recipe, net=net, rows=rows, world=world, sites=sites, strategy=strategy)
+    trace = _fit(fit)
     per_rank, trace = share_from_rank0(
-        world,
+        fit.world,
         trace,
         summary=_summary(trace),
         shared=("trainable_names", "frozen_names", "initial", "grads", "params", "strategy", "tf32"),
     )
-    return _record(plan, trace, per_rank, world.device.type, sites)
+    return _record(fit.plan, trace, per_rank, fit.world.device.type, fit.sites)

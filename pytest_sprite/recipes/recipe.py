@@ -50,11 +50,24 @@ if TYPE_CHECKING:
     import torch
     from lightning.pytorch.strategies import Strategy
     from torch.distributed.device_mesh import DeviceMesh
+    from typing_extensions import TypedDict, Unpack
 
     from pytest_sprite.recipes._bf16_arm import Bf16Sites
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.recipes.fit_kit import ArmRecipe
     from pytest_sprite.world import World
+
+    class RunOptions(TypedDict, total=False):
+        """The keyword arguments of :meth:`Recipe.run` (its defaults are the method's)."""
+
+        precision: str
+        steps: int
+        clip: float
+        global_batch: int | None
+        accumulate: int
+        fault: str | None
+        strategy: Strategy | None
+
 
 __all__ = ["FAULT_NEEDS", "Recipe", "RecipeData", "default_shard", "linear_sites", "run_recipe"]
 
@@ -137,46 +150,15 @@ class Recipe:
             raise SpriteUsageError("Recipe(...): " + "; ".join(problems))
 
     @overload
-    def run(
-        self,
-        arm: Literal["single"],
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
-    ) -> ArmRecord: ...
+    def run(self, arm: Literal["single"], **options: Unpack[RunOptions]) -> ArmRecord: ...
 
     @overload
     def run(
-        self,
-        arm: Literal["ref32", "ref", "split", "split_premul"],
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
+        self, arm: Literal["ref32", "ref", "split", "split_premul"], **options: Unpack[RunOptions]
     ) -> Bf16ArmRecord: ...
 
     @overload
-    def run(
-        self,
-        arm: str,
-        *,
-        precision: str = ...,
-        steps: int = ...,
-        clip: float = ...,
-        global_batch: int | None = ...,
-        accumulate: int = ...,
-        fault: str | None = ...,
-        strategy: Strategy | None = ...,
-    ) -> ArmRecord | Bf16ArmRecord: ...
+    def run(self, arm: str, **options: Unpack[RunOptions]) -> ArmRecord | Bf16ArmRecord: ...
 
     def run(
         self,
@@ -401,26 +383,20 @@ def _train(recipe: Recipe, request: ArmRequest, ready: _ReadyArm, world: World) 
         accumulate=request.accumulate,
         fault=request.fault,
     )
-    if request.arm == "single":
-        return world.run_on_rank(
-            0,
-            lambda: _arm.run_single(
-                plan,
-                recipe=ready.calls,
-                model=build_model(recipe),
-                rows=ready.rows,
-                world=world,
-                strategy=request.strategy,
-            ),
+
+    def fit() -> _arm.ArmFit:  # the model is built only where the arm trains
+        return _arm.ArmFit(
+            plan=plan,
+            recipe=ready.calls,
+            model=build_model(recipe),
+            rows=ready.rows,
+            world=world,
+            strategy=request.strategy,
         )
-    return _arm.run_distributed(
-        plan,
-        recipe=ready.calls,
-        model=build_model(recipe),
-        rows=ready.rows,
-        world=world,
-        strategy=request.strategy,
-    )
+
+    if request.arm == "single":
+        return world.run_on_rank(0, lambda: _arm.run_single(fit()))
+    return _arm.run_distributed(fit())
 
 
 def _bf16_sites(recipe: Recipe, model: torch.nn.Module) -> Bf16Sites:
@@ -443,19 +419,13 @@ def _run_bf16(
     plan = _bf16_arm.Bf16Plan(
         arm=request.arm, identity=ready.identity, precision=ran, fault=request.fault, shards=world.size
     )
-    if request.arm in DISTRIBUTED_ARMS:
-        return _bf16_arm.run_bf16_distributed(
-            plan,
-            recipe=ready.calls,
-            net=build_model(recipe),
-            rows=ready.rows,
-            world=world,
-            sites=sites,
-            strategy=request.strategy,
+
+    def fit(strategy: Any) -> _bf16_arm.Bf16Fit:  # the model is built only where the arm trains
+        net, rows = build_model(recipe), ready.rows
+        return _bf16_arm.Bf16Fit(
+            plan=plan, recipe=ready.calls, net=net, rows=rows, world=world, sites=sites, strategy=strategy
         )
-    return world.run_on_rank(
-        0,
-        lambda: _bf16_arm.run_bf16_single(
-            plan, recipe=ready.calls, net=build_model(recipe), rows=ready.rows, world=world, sites=sites
-        ),
-    )
+
+    if request.arm in DISTRIBUTED_ARMS:
+        return _bf16_arm.run_bf16_distributed(fit(request.strategy))
+    return world.run_on_rank(0, lambda: _bf16_arm.run_bf16_single(fit(None)))
