@@ -57,7 +57,7 @@ def test_controller_side_does_not_import_the_rank_side() -> None:
 def test_the_protocol_module_imports_only_the_standard_library() -> None:
     out = python(
         "import sys; before = set(sys.modules); import pytest_sprite.plumbing.protocol;"
-        "new = set(sys.modules) - before - {'pytest_sprite', 'pytest_sprite.plumbing.protocol'};"
+        "new = set(sys.modules) - before - {'pytest_sprite', 'pytest_sprite.plumbing', 'pytest_sprite.plumbing.protocol'};"
         "print(sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names))"
     )
     assert out == "[]"
