@@ -21,6 +21,7 @@ __all__ = [
     "format_count",
     "format_figure",
     "format_limit",
+    "pass_or_fail_kind",
     "pass_or_fail_verdict",
     "render_table",
 ]
@@ -128,3 +129,11 @@ def pass_or_fail_verdict(item: Mapping[str, Any]) -> str:
     if item.get("fault"):
         return "NOT REJECTED" if item["passed"] else "rejected"
     return "pass" if item["passed"] else "FAIL"
+
+
+def pass_or_fail_kind(
+    kind: str, title: str, headers: tuple[str, ...], rows: Callable[[Mapping[str, Any]], list[Row]]
+) -> Kind:
+    """A :class:`Kind` whose rows are judged by :func:`pass_or_fail_verdict` (``FAIL``, ``NOT REJECTED`` fail)."""
+    bad, order = frozenset({"FAIL", "NOT REJECTED"}), ("pass", "FAIL", "rejected", "NOT REJECTED")
+    return Kind(kind=kind, title=title, headers=headers, rows=rows, bad_verdicts=bad, verdict_order=order)

@@ -17,12 +17,12 @@ from typing import Any, cast
 
 from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import (
-    Kind,
     Row,
     figure_cell,
     format_count,
     format_figure,
     format_limit,
+    pass_or_fail_kind,
     pass_or_fail_verdict,
     render_table,
 )
@@ -221,13 +221,8 @@ def parity_rows(payload: Mapping[str, Any]) -> list[Row]:
     ]
 
 
-PARITY_KIND = Kind(
-    kind="parity",
-    title="FP32 parity against the single-device reference",
-    headers=PARITY_HEADERS,
-    rows=parity_rows,
-    bad_verdicts=frozenset({"FAIL", "NOT REJECTED"}),
-    verdict_order=("pass", "FAIL", "rejected", "NOT REJECTED"),
+PARITY_KIND = pass_or_fail_kind(
+    "parity", "FP32 parity against the single-device reference", PARITY_HEADERS, parity_rows
 )
 """How the reports show a parity payload (``pytest_sprite.report.kinds`` registers it)."""
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions._tables import (
-    Kind,
     Row,
     figure_cell,
     format_figure,
+    pass_or_fail_kind,
     pass_or_fail_verdict,
     render_table,
 )
@@ -278,12 +278,10 @@ def resume_rows(payload: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
-RESUME_KIND = Kind(
-    kind="resume",
-    title="Checkpoint resume, bit for bit (gaps against the uninterrupted fit: reported, not required)",
-    headers=RESUME_HEADERS,
-    rows=resume_rows,
-    bad_verdicts=frozenset({"FAIL", "NOT REJECTED"}),
-    verdict_order=("pass", "FAIL", "rejected", "NOT REJECTED"),
+RESUME_KIND = pass_or_fail_kind(
+    "resume",
+    "Checkpoint resume, bit for bit (gaps against the uninterrupted fit: reported, not required)",
+    RESUME_HEADERS,
+    resume_rows,
 )
 """How the reports show a resume payload."""
