@@ -196,6 +196,16 @@ def verdict_grid_figure(
     return path
 
 
+def _plot_path(stem: Path) -> Path:
+    """Where a payload's one plot is saved: beside the report, ``<stem>.png``."""
+    return stem.parent / f"{stem.name}.png"
+
+
+def _passed(payload: Mapping[str, Any]) -> str:
+    """``passed`` or ``failed``, as a plot's title says a payload's result."""
+    return "passed" if payload.get("passed") else "failed"
+
+
 def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
     series: dict[str, Sequence[float | str]] = {}
     styles: dict[str, str] = {}
@@ -212,11 +222,10 @@ def _parity_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
                 colors[label] = f"C{i % 10}"
     if not series:
         return []
-    verdict = "passed" if payload.get("passed") else "failed"
     return [
         step_gaps_figure(
-            stem.parent / f"{stem.name}.png",
-            title=f"FP32 parity {verdict}: gradient-norm gap per step vs the single-device reference\n{stem.name}",
+            _plot_path(stem),
+            title=f"FP32 parity {_passed(payload)}: gradient-norm gap per step vs the single-device reference\n{stem.name}",
             series=series,
             threshold=float(payload["rtol"]),
             ylabel="relative gap |arm - ref| / ref (worst rank)",
@@ -282,7 +291,7 @@ def _criterion_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
         return []
     return [
         step_gaps_figure(
-            stem.parent / f"{stem.name}.png",
+            _plot_path(stem),
             title=(
                 f"BF16 criterion v2 {payload['verdict']}: largest per-tensor gradient gap per step vs split\n"
                 f"(step 0 scored, later steps reported)  {stem.name}"
@@ -303,12 +312,11 @@ def _resume_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
     groups = {str(g["arm"]): {names[k]: g[k] for k in RESUME_GAPS} for g in payload["gaps"]}
     if not groups:
         return []
-    verdict = "passed" if payload.get("passed") else "failed"
     return [
         gap_bars_figure(
-            stem.parent / f"{stem.name}.png",
+            _plot_path(stem),
             title=(
-                f"Checkpoint resume {verdict} ({payload['run']}): largest continuation gap vs the\n"
+                f"Checkpoint resume {_passed(payload)} ({payload['run']}): largest continuation gap vs the\n"
                 f"uninterrupted fit (reported, not required)  {stem.name}"
             ),
             groups=groups,
@@ -333,12 +341,11 @@ def _crash_plot(payload: Mapping[str, Any], stem: Path) -> list[Path]:
     labels = [_cut(what) + (f" #{n + 1}" if what in repeated else "") for what, n in keys]
     columns = sorted({int(p["rank"]) for p in points if p["rank"] is not None})
     verdicts = {(label, str(p["rank"])): str(p["verdict"]) for label, p in zip(labels, points, strict=True)}
-    failed = "passed" if payload.get("passed") else "failed"
     return [
         verdict_grid_figure(
-            stem.parent / f"{stem.name}.png",
+            _plot_path(stem),
             title=(
-                f"Crash consistency of {_cut(str(payload['target']))} {failed}: "
+                f"Crash consistency of {_cut(str(payload['target']))} {_passed(payload)}: "
                 f"control {payload['control']['verdict']}\n{stem.name}"
             ),
             rows=list(dict.fromkeys(labels)),
