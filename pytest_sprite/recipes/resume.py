@@ -116,7 +116,13 @@ BEFORE_RESTORE: tuple[str, ...] = ("fit", "twin", "killed")
 
 def _before_restore(roles: _Roles, n: int, *, world: World | None) -> _BeforeRestore:
     """The fault-free roles, from the session store or run here; a fault is planted only after the restore."""
-    from pytest_sprite.recipes.store import obtain, resume_key
+    from pytest_sprite.recipes.store import keep_files, obtain, resume_key
+
+    def key() -> str:
+        assert world is not None
+        return resume_key(
+            roles.recipe, strategy=roles.strategy, precision=roles.precision, ranks=n, world=world
+        )
 
     def compute() -> _BeforeRestore:
         roles.run("fit", n)
@@ -129,20 +135,20 @@ def _before_restore(roles: _Roles, n: int, *, world: World | None) -> _BeforeRes
                 f"epoch-1 checkpoint:\n{killed.report()}",
                 killed,
             )
+        source = str(roles.root)
+        if world is not None:
+            # The killed fit's checkpoint outlives this test's tmp_path (which its retention policy may
+            # delete): later tests resume from the store's copy.
+            source = world.run_on_rank(0, keep_files, roles.root, "killed", key()) or source
         return _BeforeRestore(
             records={r: roles.records[r] for r in BEFORE_RESTORE},
             wall_s={r: roles.timings[r] for r in BEFORE_RESTORE},
-            source=str(roles.root),
+            source=source,
         )
 
     what = f"roles {', '.join(BEFORE_RESTORE)} of {roles.strategy}, {roles.precision}"
     if world is None:
         return compute()
-
-    def key() -> str:
-        return resume_key(
-            roles.recipe, strategy=roles.strategy, precision=roles.precision, ranks=n, world=world
-        )
 
     before, _ = obtain(what, compute, world=world, key=key, unit="role", units=len(BEFORE_RESTORE))
     return before

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ReuseRefusedWarning",
     "SessionStore",
+    "keep_files",
     "obtain",
     "record_digest",
     "resume_key",
@@ -368,6 +369,19 @@ def reuse_mode() -> str | None:
 
     settings = item.config.stash.get(settings_key, None)
     return getattr(settings, "reuse", "auto") if settings is not None else "auto"
+
+
+def keep_files(root: Path, name: str, key: str) -> str | None:
+    """Copy ``root / name`` into the session store (rank 0) and return the copy's parent, which then holds
+    ``name``; None when reuse is off or there is no store (the files stay where they are)."""
+    import shutil
+
+    store = session_store()
+    if store is None or reuse_mode() == "off":
+        return None
+    dest = store.root / f"files-{key}-{os.getpid()}"
+    shutil.copytree(root / name, dest / name)
+    return str(dest)
 
 
 def count_runs(world: World | None, what: str, *, unit: str, units: int) -> None:
