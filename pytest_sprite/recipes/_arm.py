@@ -25,9 +25,7 @@ from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
-    IndexedRows,
     check_loss,
-    collate_indexed,
     data_parallel_part,
     fit_numerics,
     frozen,
@@ -35,7 +33,6 @@ from pytest_sprite.recipes.fit_kit import (
     global_norm,
     lightning_kwargs,
     make_trainer,
-    shard_batches,
     share_from_rank0,
     strategy_name,
     trainable,
@@ -114,16 +111,8 @@ class _ArmModule(PlantedModule):
         self._recipe.shard(self.net, data_parallel_part(mesh, require=True))
 
     def train_dataloader(self) -> DataLoader[Any]:
-        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
-        batches = shard_batches(
-            total_rows=len(self._rows),
-            num_replicas=int(kwargs.get("num_replicas", 1)),
-            rank=int(kwargs.get("rank", 0)),
-            micro_batch=self._micro_batch,
-        )
-        return DataLoader(
-            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
-        )
+        replicas, rank = self.sampler_place()
+        return self.row_loader(replicas=replicas, rank=rank, micro_batch=self._micro_batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return HookedSGD(

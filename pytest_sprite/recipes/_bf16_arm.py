@@ -35,9 +35,7 @@ from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
-    IndexedRows,
     check_loss,
-    collate_indexed,
     data_parallel_part,
     fit_numerics,
     frozen,
@@ -45,7 +43,6 @@ from pytest_sprite.recipes.fit_kit import (
     lightning_kwargs,
     make_trainer,
     norm_of,
-    shard_batches,
     share_from_rank0,
     strategy_name,
     trainable,
@@ -159,17 +156,11 @@ class _Bf16Module(PlantedModule):
     def train_dataloader(self) -> DataLoader[Any]:
         ident = self._plan.identity
         if self._kind in ("ddp", "fsdp"):
-            kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
-            replicas, rank = int(kwargs.get("num_replicas", 1)), int(kwargs.get("rank", 0))
+            replicas, rank = self.sampler_place()
             micro = ident.global_batch // self._plan.shards
         else:  # one device reads each step's whole global batch in order; split arms cut it into shards
             replicas, rank, micro = 1, 0, ident.global_batch
-        batches = shard_batches(
-            total_rows=len(self._rows), num_replicas=replicas, rank=rank, micro_batch=micro
-        )
-        return DataLoader(
-            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
-        )
+        return self.row_loader(replicas=replicas, rank=rank, micro_batch=micro)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return HookedSGD(

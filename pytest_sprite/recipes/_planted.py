@@ -9,9 +9,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch.utils.data import DataLoader
 
 from pytest_sprite.faults import Planter, PlantSite
-from pytest_sprite.recipes.fit_kit import ArmRecipe
+from pytest_sprite.recipes.fit_kit import ArmRecipe, IndexedRows, collate_indexed, shard_batches
 
 __all__ = ["PlantedModule"]
 
@@ -36,3 +37,17 @@ class PlantedModule(pl.LightningModule):
         self._world_size = world_size
         self._planter = planter
         self._site = site
+
+    def sampler_place(self) -> tuple[int, int]:
+        """``(replicas, rank)`` of this rank as the strategy's distributed sampler counts them."""
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
+        return int(kwargs.get("num_replicas", 1)), int(kwargs.get("rank", 0))
+
+    def row_loader(self, *, replicas: int, rank: int, micro_batch: int) -> DataLoader[Any]:
+        """The rows as :func:`shard_batches` deals them to ``rank`` of ``replicas``: indexed, in order."""
+        batches = shard_batches(
+            total_rows=len(self._rows), num_replicas=replicas, rank=rank, micro_batch=micro_batch
+        )
+        return DataLoader(
+            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
+        )
