@@ -32,6 +32,7 @@ import transformers  # noqa: F401
 from pytest_sprite.assertions.resume import judge_resume
 from pytest_sprite.recipes._resume import ResumeRecipe
 from pytest_sprite.recipes.artifacts import load_resume_run, write_resume_run
+from pytest_sprite.recipes.lora_qwen import LoraQwen
 from pytest_sprite.recipes.resume import run_resume_roles
 
 # The seed's checkpoint cells on 4 A100s (one run each): verdicts only; the seed prints no timings.
@@ -73,7 +74,7 @@ class _Interpreters:
 
 
 def one_check(strategy: str, ranks: int, precision: str) -> dict[str, Any]:
-    recipe = ResumeRecipe(global_batch=2 * ranks)
+    recipe = ResumeRecipe(source=LoraQwen(), global_batch=2 * ranks)
     with tempfile.TemporaryDirectory(prefix="sprite-bench-resume-") as root:
         start = time.perf_counter()
         run = run_resume_roles(
@@ -123,7 +124,7 @@ def one_role(
             role="fit",
             strategy=strategy,
             precision=precision,
-            recipe=ResumeRecipe(global_batch=2 * ranks),
+            recipe=ResumeRecipe(source=LoraQwen(), global_batch=2 * ranks),
             directory=str(Path(root) / "fit"),
         )
         n = 1 if strategy == "single" else ranks

@@ -28,7 +28,7 @@ from pytest_sprite.records import (
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
 
-    from pytest_sprite.recipes.recipe import Recipe
+    from pytest_sprite.recipes.spec import RecipeSpec
     from pytest_sprite.world import World
 
 __all__ = ["FAULT_NEEDS", "ArmRequest", "is_bf16"]
@@ -77,13 +77,13 @@ class ArmRequest:
             raise RuntimeError("the arm request was not checked: its global batch is unresolved")
         return self.global_batch
 
-    def checked(self, recipe: Recipe, world: World) -> ArmRequest:
+    def checked(self, recipe: RecipeSpec, world: World) -> ArmRequest:
         """This request with its global batch resolved, after refusing bad arguments by name."""
         batch = _check_bf16(self, recipe, world) if self.bf16 else _check_fp32(self, recipe, world)
         return dataclasses.replace(self, global_batch=batch)
 
 
-def _check_fp32(request: ArmRequest, recipe: Recipe, world: World) -> int:
+def _check_fp32(request: ArmRequest, recipe: RecipeSpec, world: World) -> int:
     """Refuse bad ``run`` arguments before anything trains; return the global batch to use."""
     arm, accumulate = request.arm, request.accumulate
     if arm not in ARMS:
@@ -137,7 +137,7 @@ def _check_strategy(strategy: object) -> None:
     _USED_STRATEGIES.add(strategy)
 
 
-def _check_bf16(request: ArmRequest, recipe: Recipe, world: World) -> int:
+def _check_bf16(request: ArmRequest, recipe: RecipeSpec, world: World) -> int:
     """Refuse bad arguments for one of criterion v2's arms; return the global batch to use."""
     arm, precision = request.arm, request.precision
     if arm != "ref32" and not is_bf16(precision):
@@ -185,7 +185,7 @@ def _check_bf16(request: ArmRequest, recipe: Recipe, world: World) -> int:
     return global_batch
 
 
-def _check_fault(recipe: Recipe, fault: str, site: PlantSite) -> None:
+def _check_fault(recipe: RecipeSpec, fault: str, site: PlantSite) -> None:
     """The registry's refusals, then the recipe's: a fault needing what the recipe lacks is refused by name."""
     get_fault(fault).check(site)
     need = FAULT_NEEDS.get(fault)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -23,18 +23,18 @@ from pytest_sprite.glue.results import progress
 from pytest_sprite.plumbing.timing import perf_counter
 from pytest_sprite.recipes._shard import default_shard
 from pytest_sprite.recipes.arm_request import FAULT_NEEDS, ArmRequest
-from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_LR, DEFAULT_STEPS
+from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_STEPS
 from pytest_sprite.recipes.resolve import (
     RecipeData,
     adapter_tensor,
     backbone_module,
     build_model,
     check_same_model_everywhere,
-    describe,
     draw_rows,
     linear_sites,
     model_identity,
 )
+from pytest_sprite.recipes.spec import RecipeSpec
 from pytest_sprite.recipes.store import obtain, store_key
 from pytest_sprite.records import (
     BF16_PRECISION,
@@ -49,7 +49,6 @@ from pytest_sprite.records import (
 if TYPE_CHECKING:
     import torch
     from lightning.pytorch.strategies import Strategy
-    from torch.distributed.device_mesh import DeviceMesh
     from typing_extensions import TypedDict, Unpack
 
     from pytest_sprite.recipes._bf16_arm import Bf16Sites
@@ -73,7 +72,7 @@ __all__ = ["FAULT_NEEDS", "Recipe", "RecipeData", "default_shard", "linear_sites
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
-class Recipe:
+class Recipe(RecipeSpec):
     """What an arm trains: ``model`` built after the harness seeds torch, ``rows(n)``, and ``loss(model, batch)``.
 
     ``Recipe(name="mlp", model=MLP, rows=rows, loss=loss).run("ddp")`` inside a ranks test trains the
@@ -85,69 +84,6 @@ class Recipe:
     For the resume and crash checks, which run roles in fresh processes, the callables must be picklable:
     functions and classes defined at a module's top level, not lambdas.
     """
-
-    name: str
-    """Short name, shown in the record's model identity (``mlp:<structure digest>``)."""
-    model: Callable[[], torch.nn.Module]
-    """Builds the model (an ``nn.Module``), called after ``torch.manual_seed(seed)``, identically everywhere."""
-    rows: Callable[[int], Sequence[Any]]
-    """``rows(n)``: n rows, the same on every call and every rank (draw them from a seeded generator)."""
-    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
-    """``loss(model, batch)``: a scalar tensor, the mean over the batch's rows."""
-    shard: Callable[[torch.nn.Module, DeviceMesh], Any] | None = None
-    """FSDP2 units: ``shard(model, mesh)``; None shards as :func:`default_shard` does."""
-    linear_sites: Sequence[str] | None = None
-    """Module names whose output dtype criterion v2 checks; None means every ``nn.Linear``."""
-    backbone: str | None = None
-    """Module name the ``fp32-backbone`` fault runs outside autocast; None refuses that fault."""
-    adapter: str | None = None
-    """Parameter name the ``local-adapter`` fault leaves out of DDP's sync; None: the first trainable tensor."""
-    seed: int = 0
-    """Seed the harness sets before building the model."""
-    lr: float = DEFAULT_LR
-    """SGD learning rate of the parity arms."""
-
-    def __post_init__(self) -> None:
-        problems: list[str] = []
-        if not isinstance(self.name, str) or not self.name.strip():
-            problems.append(f"name must be a non-empty str, got {describe(self.name)}")
-        for field_name, what in (
-            ("model", "a callable that builds an nn.Module (e.g. the module's class)"),
-            ("rows", "a callable rows(n) returning n rows"),
-            ("loss", "a callable loss(model, batch) returning a scalar tensor"),
-        ):
-            value = getattr(self, field_name)
-            if not callable(value):
-                problems.append(f"{field_name} must be {what}, got {describe(value)}")
-            elif field_name == "model" and not isinstance(value, type) and hasattr(value, "named_parameters"):
-                # A module instance is callable too, but every arm must train a fresh copy built after seeding.
-                problems.append(
-                    f"model must be {what}, got a built {type(value).__name__} instance; pass its class "
-                    f"(model={type(value).__name__}) or a function that builds one"
-                )
-        if self.shard is not None and not callable(self.shard):
-            problems.append(
-                f"shard must be a callable shard(model, mesh) or None, got {describe(self.shard)}"
-            )
-        if self.linear_sites is not None and (
-            isinstance(self.linear_sites, str)
-            or not isinstance(self.linear_sites, Sequence)
-            or not all(isinstance(s, str) and s for s in self.linear_sites)
-        ):
-            problems.append(
-                f"linear_sites must be a sequence of module names (e.g. ('fc1', 'head')) or None, "
-                f"got {describe(self.linear_sites)}"
-            )
-        for field_name in ("backbone", "adapter"):
-            value = getattr(self, field_name)
-            if value is not None and (not isinstance(value, str) or not value):
-                problems.append(f"{field_name} must be a non-empty name or None, got {describe(value)}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            problems.append(f"seed must be a non-negative int, got {describe(self.seed)}")
-        if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not self.lr > 0:
-            problems.append(f"lr must be a positive number, got {describe(self.lr)}")
-        if problems:
-            raise SpriteUsageError("Recipe(...): " + "; ".join(problems))
 
     @overload
     def run(self, arm: Literal["single"], **options: Unpack[RunOptions]) -> ArmRecord: ...

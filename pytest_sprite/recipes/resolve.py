@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes.spec import RecipeSpec, describe
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_sprite.recipes.recipe import Recipe
     from pytest_sprite.world import World
 
 __all__ = [
@@ -32,15 +32,6 @@ __all__ = [
     "model_identity",
     "rows_digest",
 ]
-
-
-def describe(value: object) -> str:
-    """What was given, for error messages: ``<function rows>``, ``<class MLP>``, ``3 (int)``."""
-    if isinstance(value, type):
-        return f"<class {value.__qualname__}>"
-    if callable(value):
-        return f"<{type(value).__name__} {getattr(value, '__qualname__', repr(value))}>"
-    return f"{value!r} ({type(value).__name__})"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -82,7 +73,7 @@ def _hash_leaves(h: Any, value: Any) -> None:
         h.update(repr(value).encode())
 
 
-def draw_rows(recipe: Recipe, n: int, world: World) -> RecipeData:
+def draw_rows(recipe: RecipeSpec, n: int, world: World) -> RecipeData:
     """``recipe.rows(n)``, refused unless a second call gives the same rows and every rank has them too.
 
     Both calls run back to back with the global RNG as the test left it (restored afterwards), so rows
@@ -110,7 +101,7 @@ def draw_rows(recipe: Recipe, n: int, world: World) -> RecipeData:
     return RecipeData(rows=first, digest=digest)
 
 
-def _call_rows(recipe: Recipe, n: int) -> Sequence[Any]:
+def _call_rows(recipe: RecipeSpec, n: int) -> Sequence[Any]:
     rows = recipe.rows(n)
     if not isinstance(rows, Sequence) and not (hasattr(rows, "__len__") and hasattr(rows, "__getitem__")):
         raise SpriteUsageError(
@@ -121,7 +112,7 @@ def _call_rows(recipe: Recipe, n: int) -> Sequence[Any]:
     return rows
 
 
-def build_model(recipe: Recipe) -> torch.nn.Module:
+def build_model(recipe: RecipeSpec) -> torch.nn.Module:
     """``recipe.model()`` after ``torch.manual_seed(recipe.seed)``, the global RNG restored afterwards."""
     import torch
 
@@ -141,7 +132,7 @@ def build_model(recipe: Recipe) -> torch.nn.Module:
     return model
 
 
-def model_identity(recipe: Recipe, model: torch.nn.Module) -> str:
+def model_identity(recipe: RecipeSpec, model: torch.nn.Module) -> str:
     """``<name>:<digest>`` of the model's class and parameter names, shapes and dtypes (its structure)."""
     h = hashlib.sha256(f"{type(model).__module__}.{type(model).__qualname__}".encode())
     for name, p in model.named_parameters():
@@ -149,7 +140,7 @@ def model_identity(recipe: Recipe, model: torch.nn.Module) -> str:
     return f"{recipe.name}:{h.hexdigest()[:16]}"
 
 
-def check_same_model_everywhere(recipe: Recipe, model: torch.nn.Module, world: World) -> None:
+def check_same_model_everywhere(recipe: RecipeSpec, model: torch.nn.Module, world: World) -> None:
     """Refuse a model whose initial weights differ between ranks (it drew from something not seeded)."""
     if not world.distributed:
         return
@@ -167,7 +158,7 @@ def check_same_model_everywhere(recipe: Recipe, model: torch.nn.Module, world: W
         )
 
 
-def linear_sites(recipe: Recipe, model: torch.nn.Module) -> dict[str, str]:
+def linear_sites(recipe: RecipeSpec, model: torch.nn.Module) -> dict[str, str]:
     """Module name -> kind of every Linear site criterion v2 watches.
 
     The kind is what the site is to the recipe: ``lora_A`` / ``lora_B`` inside a LoRA adapter, ``backbone``
@@ -199,7 +190,7 @@ def _site_kind(name: str, backbone: str | None) -> str:
     return "backbone" if name == backbone or name.startswith(backbone + ".") else "head"
 
 
-def backbone_module(recipe: Recipe, model: torch.nn.Module, fault: str) -> str:
+def backbone_module(recipe: RecipeSpec, model: torch.nn.Module, fault: str) -> str:
     """The module ``fault`` runs outside autocast; refused by name when the recipe names none or a wrong one."""
     if recipe.backbone is None:
         raise SpriteUsageError(
@@ -215,7 +206,7 @@ def backbone_module(recipe: Recipe, model: torch.nn.Module, fault: str) -> str:
     return recipe.backbone
 
 
-def adapter_tensor(recipe: Recipe, model: torch.nn.Module) -> str:
+def adapter_tensor(recipe: RecipeSpec, model: torch.nn.Module) -> str:
     """The trainable tensor ``local-adapter`` leaves unsynchronized: ``adapter`` or the first trainable one."""
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if recipe.adapter is None:

@@ -25,7 +25,7 @@ from pytest_sprite.world import World
 
 if TYPE_CHECKING:
     from pytest_sprite.recipes.artifacts import ArtifactDir
-    from pytest_sprite.recipes.recipe import Recipe
+    from pytest_sprite.recipes.spec import RecipeSpec
 
 T = TypeVar("T")
 
@@ -216,7 +216,7 @@ def _device_type(record: RoleRecord) -> str:
 
 
 def resume_roles(
-    recipe: Recipe,
+    recipe: RecipeSpec,
     *,
     strategy: str,
     precision: str,

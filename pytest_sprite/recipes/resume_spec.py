@@ -13,7 +13,7 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import FAULTS
 
 if TYPE_CHECKING:
-    from pytest_sprite.recipes.recipe import Recipe
+    from pytest_sprite.recipes.spec import RecipeSpec
 
 __all__ = ["FROZEN_CHANGED", "RESUME_FAULTS", "ROLES", "STRATEGIES", "ResumeRecipe", "RoleSpec"]
 
@@ -52,16 +52,16 @@ class ResumeRecipe:
     """Optimizer steps per epoch."""
     global_batch: int = 8
     """Rows per optimizer step, all ranks together."""
-    source: Recipe = None  # type: ignore[assignment]
+    source: RecipeSpec = None  # type: ignore[assignment]
     """The :class:`~pytest_sprite.Recipe` whose model, rows, loss and sharding the roles train (picklable:
-    top-level callables); left out, lora_qwen's LoRA classifier of ``seed``, ``qwen_path`` and ``seq_len``."""
+    top-level callables), for example ``LoraQwen(seed=..., qwen_path=..., seq_len=...)``."""
 
     def __post_init__(self) -> None:
         if self.source is None:
-            from pytest_sprite.recipes.lora_qwen import LoraQwen
-
-            lora = LoraQwen(seed=self.seed, qwen_path=self.qwen_path, seq_len=self.seq_len)
-            object.__setattr__(self, "source", lora)
+            raise SpriteUsageError(
+                "ResumeRecipe(source=...) names the recipe the roles train, e.g. "
+                "source=LoraQwen(seed=0) from pytest_sprite.recipes.lora_qwen"
+            )
 
     @property
     def total_steps(self) -> int:
