@@ -39,6 +39,7 @@ from ..plumbing.protocol import (
     Progress,
     Report,
     RunSpec,
+    StacksTaken,
     Warning_,
 )
 from ..plumbing.ranges import fold_ranks
@@ -65,6 +66,8 @@ __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
 # The bookkeeping of a run lives in runs.py and the logging in reporting.py; ``launches_early``,
 # ``usable_cores``, ``beyond_world_key`` and ``finished_run_key`` stay importable from here.
 
+_STACKS_LIMIT: Final = STACK_WAIT + 5.0
+"""Seconds the kill of an abort waits for every agent's ``stacks_taken``: one that never answers holds no one."""
 _ABORT_LIMIT: Final = STACK_WAIT + 20.0
 """Seconds an agent has to end its child after an abort: the wait for its stacks, then the kill and the leftovers."""
 
@@ -515,6 +518,9 @@ class Controller:
         )
         run.ends[rank] = end
         run.exited[rank] = monotonic()
+        if rank in run.taking_stacks:  # it ended before its agent answered: nothing to wait for
+            run.taking_stacks.discard(rank)
+            self._kill_when_stacks_taken(pool, run)
         if payload.get("leftovers"):
             key = (LeftoverProcessWarning.__name__, payload["leftovers"], str(run.item.path), 0)
             run.warnings.setdefault(key, []).append(rank)
@@ -551,6 +557,8 @@ class Controller:
                 "peer_failed",
                 f"{self.settings.grace:g}s after {fold_ranks(run.failed)} failed (--rank-grace)",
             )
+        if run.taking_stacks and now - min(run.aborted.values()) > _STACKS_LIMIT:
+            self._kill_when_stacks_taken(pool, run, now=True)  # an agent that does not answer holds no one
         for rank, when in list(run.aborted.items()):
             if rank in run.live and now - when > _ABORT_LIMIT:
                 pool.broken = (
@@ -560,11 +568,34 @@ class Controller:
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
 
     def _abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
+        """Phase one of ending the live ranks: every agent takes its child's stacks (see ``Abort``)."""
         for rank in run.live:
             if rank not in run.aborted:
                 run.aborted[rank] = monotonic()
+                run.abort_reason = (reason, detail)
+                run.taking_stacks.add(rank)
                 pool.send(
-                    run.agents[rank], "abort", {"run_id": run.run_id, "reason": reason, "detail": detail}
+                    run.agents[rank],
+                    "abort",
+                    {"run_id": run.run_id, "reason": reason, "detail": detail, "kill": False},
+                )
+
+    def on_stacks_taken(self, pool: AgentPool, run: _Run, rank: int, payload: StacksTaken) -> None:
+        """Phase two once every aborted rank's stacks are taken: kill them all."""
+        run.taking_stacks.discard(rank)
+        self._kill_when_stacks_taken(pool, run)
+
+    def _kill_when_stacks_taken(self, pool: AgentPool, run: _Run, *, now: bool = False) -> None:
+        if (run.taking_stacks and not now) or run.abort_reason is None:
+            return
+        reason, detail = run.abort_reason
+        for rank in run.aborted:
+            if rank not in run.killed:
+                run.killed.add(rank)
+                pool.send(
+                    run.agents[rank],
+                    "abort",
+                    {"run_id": run.run_id, "reason": reason, "detail": detail, "kill": True},
                 )
 
     # -- logging (pytest_sprite.launch.reporting) ------------------------------------------------

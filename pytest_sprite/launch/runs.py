@@ -16,6 +16,7 @@ import pytest
 
 from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec
 from ..glue.options import Settings
+from ..plumbing.protocol import EndedBy
 from ..plumbing.timing import monotonic
 from .merge import RankEnd
 
@@ -154,6 +155,12 @@ class _Run:
     first_failure: float | None = None
     aborted: dict[int, float] = field(default_factory=dict)
     """Rank -> when the controller asked its agent to take its stacks and end it."""
+    abort_reason: tuple[EndedBy, str] | None = None
+    """Why the ranks are ended, and the detail: what the kill that follows the stacks says."""
+    taking_stacks: set[int] = field(default_factory=set)
+    """Aborted ranks whose agents have not yet answered ``stacks_taken``: no rank is killed before they do."""
+    killed: set[int] = field(default_factory=set)
+    """Aborted ranks whose agents were told to kill."""
     exited: dict[int, float] = field(default_factory=dict)
     """Rank -> when its ``child_exited`` arrived."""
     failed_at: dict[int, float] = field(default_factory=dict)

@@ -106,11 +106,23 @@ Run = RunSpec
 
 
 class Abort(TypedDict):
-    """``abort``: take the child's stacks and kill it (a timeout, or a peer that failed)."""
+    """``abort``: end the child (a timeout, or a peer that failed), in two phases over all of a test's agents.
+
+    First ``kill=False``: take the child's stacks and answer ``stacks_taken``; then, once every agent of the
+    test answered, ``kill=True``. So no rank is killed while a peer's stack is still to be taken: the kill
+    would break the peer's collective and end it before its stack shows where it waited (issue 27).
+    """
 
     run_id: int
     reason: EndedBy
     detail: str
+    kill: bool
+
+
+class StacksTaken(TypedDict):
+    """``stacks_taken``: the agent has its child's stacks (or knows why not); it waits for the kill."""
+
+    run_id: int
 
 
 class Shutdown(TypedDict):
@@ -249,6 +261,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
     "progress": Progress,
     "interrupted": Interrupted,
     "child_exited": ChildExited,
+    "stacks_taken": StacksTaken,
     "agent_error": AgentError,
     "agent_lost": AgentLost,
     "launch_failed": LaunchFailed,

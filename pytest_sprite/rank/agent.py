@@ -317,12 +317,19 @@ class Agent:
         shutil.rmtree(spare.run_dir, ignore_errors=True)
 
     def cmd_abort(self, abort: dict[str, Any]) -> None:
-        """Take the child's stacks, then kill it (a timeout, or a peer that failed)."""
+        """Phase one: take the child's stacks and say so. Phase two (``kill``): kill it (see ``Abort``)."""
         child = self.child
-        if child is None or child.run_id != abort["run_id"] or child.ended_by is not None:
+        ours = child is not None and child.run_id == abort["run_id"]
+        if not abort["kill"]:
+            if child is not None and ours and child.ended_by is None:
+                child.ended_by, child.detail = abort["reason"], abort["detail"]
+                child.no_stack = take_stacks(child.pid, child.run_dir / "stacks.txt")
+            send_frame(self.sock, "stacks_taken", {"run_id": abort["run_id"]})
             return
-        child.ended_by, child.detail = abort["reason"], abort["detail"]
-        child.no_stack = take_stacks(child.pid, child.run_dir / "stacks.txt")
+        if child is None or not ours:
+            return
+        if child.ended_by is None:
+            child.ended_by, child.detail = abort["reason"], abort["detail"]
         self._kill_child(wait=False)
 
     def cmd_shutdown(self, _: dict[str, Any]) -> bool:
