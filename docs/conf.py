@@ -1,7 +1,7 @@
 """Sphinx configuration: MyST Markdown pages, the furo theme, the public API from docstrings.
 
 Build: ``sphinx-build -W -b html docs docs/_build/html`` (``-W``: every warning is an error, so a broken link
-or a reference to a name that moved fails the build). ``tests/test_docs.py`` runs it.
+or a reference to a name that moved fails the build). ``tests/project/test_docs.py`` runs it.
 """
 
 from __future__ import annotations

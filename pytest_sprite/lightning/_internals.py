@@ -1,7 +1,7 @@
 """Every reach of the code under test into a private name of Lightning or torch, in one file.
 
 The strategies use public APIs except where none exists; each such use is here, says which private
-name it touches and why, and which versions it is tested with (``tests/test_private_apis.py`` runs
+name it touches and why, and which versions it is tested with (``tests/project/test_private_apis.py`` runs
 them against the installed, newest releases). Each is gated: when the name is absent, a documented
 fallback runs. The plugin keeps its own in ``pytest_sprite/plumbing/dependency_internals.py``; this package
 never imports the plugin.

@@ -2,7 +2,7 @@
 
 The plugin uses only public APIs, except where none exists; each such use lives here, says which
 private name it touches, why no public API serves, and which versions it is tested with
-(``tests/test_private_apis.py`` runs every function against the installed, newest release).
+(``tests/project/test_private_apis.py`` runs every function against the installed, newest release).
 Each is gated: when the name is absent (a release that removed it), a documented fallback runs
 instead of an ``AttributeError``. pytest's own private names are in ``glue/pytest_internals.py``; the
 code under test keeps Lightning's in ``pytest_sprite/lightning/_internals.py``.

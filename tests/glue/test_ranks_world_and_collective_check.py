@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -16,8 +19,7 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPRITE_COLLECTIVE_CHECK", raising=False)
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT)
 
 
 WORLD_TESTS = """

@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def oldest_allowed() -> str:
@@ -65,8 +65,8 @@ def test_hypothesis_tests_pass_on_the_oldest_allowed_release(tmp_path: Path) -> 
             "no:cacheprovider",
             "-m",
             "cpu",
-            "tests/test_given_unit.py",
-            "tests/test_ranks_hypothesis.py",
+            "tests/rank/test_given_unit.py",
+            "tests/glue/test_ranks_hypothesis.py",
         ],
         cwd=ROOT,
         env=env,

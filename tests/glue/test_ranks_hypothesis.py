@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
+from sprite_testing import run_pytest
 
 pytest.importorskip("hypothesis")
 
@@ -37,10 +39,7 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name, raising=False)
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--connect-timeout=60", *args, timeout=TIMEOUT
-    )
+run = partial(run_pytest, timeout=TIMEOUT, flags=("--connect-timeout=60",))
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

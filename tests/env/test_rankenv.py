@@ -571,7 +571,7 @@ with open(os.path.join(sys.argv[1], os.environ["PMI_RANK"] + ".json"), "w") as f
 def test_real_mpiexec_ranks(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     env["OMP_NUM_THREADS"] = "1"
     subprocess.run(
         ["mpiexec", "-n", "2", sys.executable, "-c", _PROBE, str(tmp_path)],

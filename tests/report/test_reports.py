@@ -10,11 +10,12 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sprite_testing import fnescape
+from sprite_testing import fnescape, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -71,8 +72,7 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPRITE_REPORT", raising=False)
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT)
 
 
 def validate(document: dict[str, Any]) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import re
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import fnescape
+from sprite_testing import fnescape, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -67,8 +68,7 @@ def suite(pytester: pytest.Pytester, body: str) -> Path:
     return spot
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT, flags=("-v",))
 
 
 def side_by_side(result: pytest.RunResult) -> int:

@@ -14,14 +14,16 @@ import json
 import os
 import re
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
 TIMEOUT = 120
-FAKES = Path(__file__).parent / "fakes"
+FAKES = Path(__file__).parents[1] / "fakes"
 HAS_MPIEXEC = shutil.which("mpiexec") is not None
 needs_mpiexec = pytest.mark.skipif(
     not HAS_MPIEXEC, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
@@ -150,8 +152,7 @@ def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT, flags=("-v",))
 
 
 LAUNCHERS = [

@@ -6,10 +6,11 @@ import getpass
 import os
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import fnescape
+from sprite_testing import fnescape, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -22,8 +23,7 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rw", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT, flags=("-rw",))
 
 
 def test_ranks_share_tmp_path_and_rank_0_writes_what_rank_1_reads(pytester: pytest.Pytester) -> None:

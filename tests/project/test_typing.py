@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # 92 s of CI; `mypy --strict pytest_sprite` is in the development commands

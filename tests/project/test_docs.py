@@ -28,7 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted([ROOT / "README.md", *(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)])
 KINDS = ("run", "slow", "conftest", "fragment")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import fnescape
+from sprite_testing import fnescape, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -18,8 +19,7 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "240")
 
 
-def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=TIMEOUT)
+run = partial(run_pytest, timeout=TIMEOUT)
 
 
 def test_collectives_pass_at_two_and_four_ranks(pytester: pytest.Pytester) -> None:

@@ -1,12 +1,12 @@
 """Your own model on real ranks (issue 15): a recipe that is not Qwen goes through parity and its negative controls.
 
-A small classifier with a frozen layer (tests/own_models.py) at 2 and 3 ranks: single, ddp and fsdp agree;
+A small classifier with a frozen layer (tests/recipes/own_models.py) at 2 and 3 ranks: single, ddp and fsdp agree;
 the catalogued loss-level faults and a DDP strategy that divides the summed gradients by 2N are rejected;
 accumulation matches the full batch; criterion v2 passes in bf16-mixed and rejects its DDP-only controls;
 a ddp fit of it killed after its checkpoint resumes bit for bit.
 A body we did not write (Lightning's docs autoencoder) passes too.
 
-Only ranks tests live here (see tests/test_recipe_ranks.py); the in-process ones are in test_own_model_unit.py.
+Only ranks tests live here (see tests/recipes/test_recipe_ranks.py); the in-process ones are in test_own_model_unit.py.
 """
 
 from __future__ import annotations

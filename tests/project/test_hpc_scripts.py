@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.cpu
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = [ROOT / "hpc" / "aurora" / "sprite.pbs", ROOT / "hpc" / "slurm" / "sprite.sbatch"]
 
 
