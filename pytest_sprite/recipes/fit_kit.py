@@ -52,6 +52,7 @@ __all__ = [
     "global_norm",
     "lightning_kwargs",
     "make_trainer",
+    "node_layout",
     "norm_of",
     "quiet_lightning",
     "shard_batches",
@@ -255,17 +256,43 @@ def lightning_kwargs(kind: str, world: World, precision: str) -> dict[str, Any]:
     if kind == "single":
         devices: Any = 1 if accelerator == "cpu" else [world.device.index or 0]
         return trainer_kwargs("single", devices=devices, precision=precision, accelerator=accelerator)  # type: ignore[arg-type]
-    if world.size % world.local_size:
-        raise SpriteUsageError(
-            f"the test's world of {world.size} ranks does not split into nodes of {world.local_size} ranks"
-        )
+    devices, num_nodes = node_layout(world)
     return trainer_kwargs(
         kind,  # type: ignore[arg-type]
-        devices=world.local_size if accelerator == "cpu" else list(world.local_devices),
-        num_nodes=world.size // world.local_size,
+        devices=devices,
+        num_nodes=num_nodes,
         precision=precision,
         accelerator=accelerator,  # type: ignore[arg-type]
     )
+
+
+def node_layout(world: World) -> tuple[int | list[int], int]:
+    """Lightning's ``devices`` and ``num_nodes`` for this rank of the test's world.
+
+    The ranks are launched externally (torchrun's variables): Lightning takes the rank, world size and local
+    rank from them and uses devices x num_nodes only to check the world size and to size FSDP2's data-parallel
+    mesh (one dimension over every rank), and ``devices[LOCAL_RANK]`` as this rank's device; no node
+    structure. A world that fills its nodes evenly is described as it is. One that spans them unevenly (a
+    ``ranks(3)`` test on hosts of two ranks: 2 + 1) cannot be, as Lightning's nodes are all alike, so a rank
+    whose node's share does not divide the world describes one node of ``world.size`` devices: its own
+    node's first, then the node's other devices as spares no rank of this node picks.
+    """
+    cpu = world.device.type == "cpu"
+    if world.size % world.local_size == 0:
+        return (world.local_size if cpu else list(world.local_devices)), world.size // world.local_size
+    if cpu:
+        return world.size, 1
+    count = int(getattr(torch, world.device.type).device_count())
+    spare = [i for i in range(count) if i not in world.local_devices]
+    devices = [*world.local_devices, *spare][: world.size]
+    if len(devices) < world.size:
+        raise SpriteUsageError(
+            f"the test's world of {world.size} ranks spans its nodes unevenly ({world.local_size} on this "
+            f"node), which Lightning describes as one node of {world.size} devices, and this node has "
+            f"{count} {world.device.type} devices: give the test a multiple of the ranks per node, or run it "
+            f"on one node"
+        )
+    return devices, 1
 
 
 def make_trainer(

@@ -138,6 +138,35 @@ def test_recipes_keep_a_count_of_devices_on_cpu(recorded: list[dict[str, Any]], 
     assert recorded == [dict(strategy=kind, devices=2, num_nodes=2, precision="32-true", accelerator="cpu")]
 
 
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_a_world_spanning_its_nodes_unevenly_is_one_node_of_its_size(
+    recorded: list[dict[str, Any]], kind: str
+) -> None:
+    from pytest_sprite.recipes.fit_kit import lightning_kwargs
+
+    # a ranks(3) test on two hosts of two ranks: 2 + 1 (issue 25). Lightning's nodes are all alike, so a
+    # rank whose node's share does not divide the world describes one node of the world's size
+    lightning_kwargs(kind, fake_world(torch.device("cpu"), (0, 1), size=3), "32-true")  # host1's ranks
+    lightning_kwargs(kind, fake_world(torch.device("cpu"), (0,), size=3), "32-true")  # host2's rank
+    assert [(c["devices"], c["num_nodes"]) for c in recorded] == [(3, 1), (1, 3)]
+
+
+def test_an_uneven_world_on_an_accelerator_pads_with_the_nodes_other_devices(
+    recorded: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_sprite.errors import SpriteUsageError
+    from pytest_sprite.recipes.fit_kit import lightning_kwargs
+
+    world = fake_world(torch.device("cuda", 3), (3, 1), size=3)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    lightning_kwargs("ddp", world, "32-true")
+    # devices[LOCAL_RANK] stays each rank's own device; the spare (0) is one no rank of this node picks
+    assert (recorded[0]["devices"], recorded[0]["num_nodes"]) == ([3, 1, 0], 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # a node of two GPUs, both the test's
+    with pytest.raises(SpriteUsageError, match=r"unevenly \(2 on this node\).* this node has 2 cuda devices"):
+        lightning_kwargs("ddp", fake_world(torch.device("cuda", 0), (0, 1), size=3), "32-true")
+
+
 def test_a_single_device_recipe_pins_the_ranks_own_device(recorded: list[dict[str, Any]]) -> None:
     from pytest_sprite.recipes.fit_kit import lightning_kwargs
 
