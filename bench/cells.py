@@ -1,0 +1,529 @@
+"""The seed's hardware cells, each run at its world size on this CPU machine, beside the seed's figures.
+
+For each cell of the lightning-sprite seed's Tested table (FP32 parity AF..X8F, criterion v2 A440..X8B,
+checkpoint resume AC32..X2CB) it runs the cell's checks in one pytest session at the cell's world size as a
+local world (``--ranks=N``, forked ranks, gloo, the tiny Qwen2 + LoRA), with the session store of clean results
+(``--sprite-reuse=auto``), so fault cases reuse the clean arms. The command of a criterion or resume cell is the
+one ``hpc/aurora/README.md`` or ``hpc/slurm/README.md`` gives for the real machine (its ``SPRITE_TESTS`` and
+``SPRITE_K``); an FP32 parity cell runs the shipped suite's ``test_lora_parity`` at the cell's size. Verdicts
+and figures are read from each session's ``--sprite-report`` JSON. It prints the seed's table with this
+machine's results and figures beside the seed's hardware ones, and writes ``docs/measurements/cells.md``
+(the figures behind it go to ``cells.json`` beside it; a run replaces the cells it ran and keeps the others).
+Figures only, never a timed assertion.
+
+    OMP_NUM_THREADS=1 python bench/cells.py [--cells X1B,AF,...] [--max-ranks 48] [--timeout 1200] [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from cells_tables import (
+    CELL_HEADERS,
+    SEED_TESTED,
+    Cell,
+    cell_rows,
+    detail_tables,
+    markdown_table,
+    parse_rows,
+    seed_figures,
+    text_report,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+READMES = {"aurora": ROOT / "hpc" / "aurora" / "README.md", "slurm": ROOT / "hpc" / "slurm" / "README.md"}
+PER_NODE = {"aurora": 12, "slurm": 4}
+PAGE = ROOT / "docs" / "measurements" / "cells.md"
+KINDS = ("parity", "criterion", "resume")
+
+# -- the cells: the seed's Tested rows, each with the command hpc/ gives it -------------------------------------
+
+
+def readme_command(cell: str) -> tuple[str, list[str], int]:
+    """The cell's one ``qsub``/``sbatch`` line in ``hpc/*/README.md``: (README, its pytest selection, ranks)."""
+    for site, readme in READMES.items():
+        for line in readme.read_text(encoding="utf-8").splitlines():
+            if line.startswith(f"| {cell} |"):
+                (command,) = re.findall(r"`((?:sbatch|qsub) [^`]+)`", line)
+            elif re.search(rf"#\s*{re.escape(cell)}\s*$", line):
+                command = line.split("#")[0].strip()
+            else:
+                continue
+            return f"hpc/{site}/README.md", *_selection(site, shlex.split(command))
+    raise ValueError(f"cell {cell}: no command for it in {', '.join(str(p) for p in READMES.values())}")
+
+
+def _selection(site: str, words: list[str]) -> tuple[list[str], int]:
+    """pytest arguments and world size of one job line (its SPRITE_TESTS, SPRITE_K and node count)."""
+    if words[0] == "qsub":
+        exported = words[words.index("-v") + 1]
+        nodes = next((int(w.split("=")[1]) for w in words if w.startswith("select=")), 1)
+    else:
+        exported = next(w.removeprefix("--export=") for w in words if w.startswith("--export="))
+        nodes = int(words[words.index("-N") + 1]) if "-N" in words else 1
+    env = dict(p.split("=", 1) for p in exported.split(",") if p != "ALL")
+    tests = shlex.split(env["SPRITE_TESTS"]) + (["-k", env["SPRITE_K"]] if env.get("SPRITE_K") else [])
+    return tests, nodes * int(env.get("SPRITE_RANKS_PER_NODE", PER_NODE[site]))
+
+
+def seed_cells() -> list[Cell]:
+    """The seed's 17 hardware cells in its order, each with its command and world size."""
+    cells = []
+    for check, hardware, result in parse_rows(SEED_TESTED, 3):
+        name = re.search(r"\((\w+)\)", check).group(1)  # type: ignore[union-attr]
+        kind = "parity" if check.startswith("FP32") else "criterion" if "criterion" in check else "resume"
+        where, _, software = hardware.partition(", torch")
+        if kind == "parity":
+            ranks = int(seed_figures()[name]["fp32"][0][1])
+            tests = [
+                "--pyargs",
+                "pytest_sprite.suite.test_parity",
+                "-k",
+                f"test_lora_parity and ranks{ranks}",
+            ]
+            source = "the shipped suite's FP32 test (`hpc/*/sprite.pbs` runs the whole suite)"
+        else:
+            source, tests, ranks = readme_command(name)
+        cells.append(Cell(name, kind, ranks, tuple(tests), source, where, "torch" + software, result))
+    return cells
+
+
+def select(cells: list[Cell], names: str | None, max_ranks: int) -> list[Cell]:
+    """The cells to run, smallest world first; unknown names and cells over ``max_ranks`` are refused."""
+    known = {c.name: c for c in cells}
+    if names:
+        wanted = [n.strip() for n in names.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in known]
+        if unknown:
+            raise SystemExit(
+                f"--cells: unknown cell {', '.join(unknown)}; the seed's cells are {', '.join(known)}"
+            )
+        over = [n for n in wanted if known[n].ranks > max_ranks]
+        if over:
+            raise SystemExit(
+                f"--cells: {', '.join(f'{n} ({known[n].ranks} ranks)' for n in over)} over --max-ranks={max_ranks}; "
+                f"pass --max-ranks={max(known[n].ranks for n in over)} to run it"
+            )
+        chosen = [known[n] for n in wanted]
+    else:
+        chosen = [c for c in cells if c.ranks <= max_ranks]
+    order = {c.name: i for i, c in enumerate(cells)}
+    return sorted(chosen, key=lambda c: (c.ranks, KINDS.index(c.kind), order[c.name]))
+
+
+# -- running one cell -------------------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of a process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[19]
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) if found else 0
+
+
+class Watch(threading.Thread):
+    """Samples the session's process tree: the peak of its summed PSS (forked ranks share pages, PSS splits them)."""
+
+    def __init__(self, root: int, interval: float = 10.0) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.peak_kb = 0
+        self.seen: dict[int, str] = {}
+        """Every process of the tree seen, with its start time (to end what outlives the session)."""
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        children: dict[int, list[int]] = {}
+        starts: dict[int, str] = {}
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+                children.setdefault(stat[0], []).append(int(entry.name))
+                starts[int(entry.name)] = stat[1]
+        tree, todo = set(), [self.root]
+        while todo:
+            pid = todo.pop()
+            tree.add(pid)
+            todo += children.get(pid, [])
+        self.seen.update({p: starts[p] for p in tree if p in starts})
+        self.peak_kb = max(self.peak_kb, sum(_pss_kb(p) for p in tree))
+
+    def end_leftovers(self) -> int:
+        """SIGKILL the processes of the tree still running (the same start time: not a reused pid)."""
+        ended = 0
+        for pid, start in self.seen.items():
+            stat = _stat(pid)
+            if stat is not None and stat[1] == start and pid != os.getpid():
+                os.kill(pid, signal.SIGKILL)
+                ended += 1
+        return ended
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C the session as a user would (the harness ends its worlds), then harder if it does not exit."""
+    for signum, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_cell(cell: Cell, workdir: Path, timeout: float, tree: Path | None = None) -> dict[str, Any]:
+    """One pytest session of the cell's tests; its wall time, peak memory, load and the report it wrote.
+
+    ``tree``: a folder holding another ``pytest_sprite`` (the committed one), put first on the session's path.
+    """
+    report, basetemp, log = workdir / f"{cell.name}.json", workdir / cell.name, workdir / f"{cell.name}.log"
+    command = cell.command(str(report), str(basetemp))
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *command[1:]], cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        watch = Watch(proc.pid)
+        watch.start()
+        try:
+            exitcode: int | None = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            exitcode = None
+            _stop(proc)
+    wall = time.perf_counter() - start
+    watch.done.set()
+    watch.join()
+    leftovers = watch.end_leftovers()
+    record: dict[str, Any] = {
+        "cell": cell.name,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(cell.command()),
+        "wall_s": round(wall, 1),
+        "peak_pss_gb": round(watch.peak_kb / 2**20, 2),
+        "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "exitcode": exitcode,
+        "leftovers_ended": leftovers,
+    }
+    if exitcode not in (0, None):
+        sys.stderr.write(log.read_text(errors="replace")[-3000:])
+    if exitcode is None:
+        return {**record, "status": "not run", "reason": f"stopped after {timeout / 60:.0f} min (--timeout)"}
+    if not report.exists():
+        tail = log.read_text(errors="replace")[-3000:]
+        return {
+            **record,
+            "status": "not run",
+            "reason": f"no report (exit {exitcode}): {tail.strip()[-300:]}",
+        }
+    return {**record, "status": "measured", **judge(cell, json.loads(report.read_text()))}
+
+
+# -- verdicts and figures, read from the session's --sprite-report document ----------------------------------------
+
+
+def _figure(value: float | str | None) -> str:
+    from pytest_sprite.assertions._tables import figure_cell
+
+    return figure_cell(value)
+
+
+def _tests(document: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [t for t in document.get("tests", []) if t["nodeid"].split("::")[-1].startswith(name)]
+
+
+def _payload(test: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    """The test's last recorded assertion of ``kind`` (None when the test ended before asserting)."""
+    found = [a for a in test.get("assertions", []) if a.get("kind") == kind]
+    return found[-1] if found else None
+
+
+def _why(test: dict[str, Any]) -> str:
+    phase = next((test[p] for p in ("setup", "call", "teardown") if test.get(p, {}).get("longrepr")), {})
+    return f"{test['nodeid'].split('::')[-1]} {test['outcome']}" + (
+        f" ({str(phase['longrepr'])[:160]})" if phase else ""
+    )
+
+
+def expected_tests(cell: Cell) -> int:
+    """How many tests the seed's cell runs: parity 1; criterion clean + its fault cases; resume 4 + 12 faults."""
+    faults = re.search(r"(\d+) fault", cell.seed_result)
+    if cell.kind == "resume":
+        return 4 + (int(faults.group(1)) if faults else 0)
+    return 1 + (int(faults.group(1)) if faults and cell.kind == "criterion" else 0)
+
+
+def judge(cell: Cell, document: dict[str, Any]) -> dict[str, Any]:
+    """The cell's result in the seed's words, the test counts and the figures the seed's tables show."""
+    tests = document.get("tests", [])
+    counts: dict[str, int] = {}
+    for t in tests:
+        counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+    result, figures = {"parity": _parity, "criterion": _criterion, "resume": _resume}[cell.kind](document)
+    problems = [_why(t) for t in tests if t["outcome"] != "passed"]
+    if len(tests) != expected_tests(cell):
+        problems.insert(0, f"ran {len(tests)} tests, the seed's cell has {expected_tests(cell)}")
+    if problems:
+        result = (
+            "FAIL: "
+            + "; ".join(problems[:4])
+            + (f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+        )
+    return {"tests": counts, "result": result, "figures": figures}
+
+
+def _parity(document: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    payloads = [p for t in _tests(document, "test_lora_parity") if (p := _payload(t, "parity"))]
+    rows = [
+        [
+            arm["label"],
+            str(arm["ranks"]),
+            str(arm["global_batch"]),
+            "pass" if arm["passed"] else "FAIL",
+            *(_figure(arm[k]) for k in ("pre_norm_rel", "post_norm_rel", "update_rel_l2")),
+            f"{arm['frozen_changed']} of {arm['frozen_total']}",
+        ]
+        for p in payloads
+        for arm in p["arms"]
+    ]
+    passed = bool(payloads) and all(p["passed"] for p in payloads)
+    return ("pass" if passed else "FAIL"), {"fp32": rows}
+
+
+def _criterion(document: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    clean = [p for t in _tests(document, "test_criterion_v2_clean") if (p := _payload(t, "criterion_v2"))]
+    scored = [
+        [("gate" if c is p["gate"] else c["role"]), *(_figure(c[k]) for k in _SCORED)]
+        for p in clean
+        for c in (p["gate"], *p["scored"])
+    ]
+    faults, rejected = [], 0
+    for test in _tests(document, "test_criterion_v2_fault"):
+        payload = _payload(test, "criterion_v2")
+        for row in payload["faults"] if payload else []:
+            faults.append(
+                [
+                    *(row["fault"], row["arm"].split(" ")[0], row["status"]),
+                    ", ".join(row["rejecting_evidence"]) or "-",
+                    *(_figure(row["pre_norm_rel"]), _figure(row["max_gradient_gap"])),
+                ]
+            )
+            rejected += test["outcome"] == "passed" and row["status"] == "rejected"
+    if not clean:
+        return "FAIL: no criterion v2 result", {"scored": scored, "faults": faults}
+    p = clean[0]
+    invariants = all(i["passed"] for i in p["invariants"])
+    result = p["verdict"] if p["verdict"] != "pass" else "pass"
+    if p["gate"]["passed"] and invariants:
+        result += "; gate and invariants pass"
+    if faults:
+        result += f"; {rejected} fault cases rejected"
+    return result, {"scored": scored, "faults": faults}
+
+
+_SCORED = ("pre_norm_rel", "max_gradient_gap", "update_rel_l2", "max_update_gap")
+_GAPS = ("loss", "pre_clip_norm", "update", "adam_m", "adam_v")
+
+
+def _resume(document: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    clean = [p for t in _tests(document, "test_resume[") if (p := _payload(t, "resume"))]
+    gaps = [[g["arm"], *(_figure(g[k]) for k in _GAPS)] for p in clean for g in p["gaps"]]
+    shape = [
+        [str(p["ranks"]), str(p["global_batch"]), f"{p['ranks']} → {p['reshard_ranks']}"]
+        for p in clean
+        if p["reshard_ranks"]
+    ]
+    rejected = sum(t["outcome"] == "passed" for t in _tests(document, "test_resume_fault_is_rejected"))
+    passed = len(clean) == 4 and all(p["passed"] for p in clean)
+    return f"{'pass' if passed else 'FAIL'}; {rejected} faults rejected", {"gaps": gaps, "shape": shape}
+
+
+# -- the page ---------------------------------------------------------------------------------------------------
+
+
+def environment(committed: bool) -> dict[str, Any]:
+    """This machine, the versions the cells ran with, and the commit (with or without the working tree's changes)."""
+    model = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    memory = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.MULTILINE)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "pytest_sprite"], cwd=ROOT, capture_output=True, text=True
+    )
+    changes = "" if committed or not dirty.stdout.strip() else " + uncommitted changes"
+    versions = {"Python": platform.python_version()}
+    for name in ("torch", "lightning", "transformers", "peft", "pytest", "pytest-sprite"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    cpu = f"{os.cpu_count()} cores ({model.group(1) if model else platform.machine()})"
+    ram = f"{int(memory.group(1)) / 2**20:.0f} GiB" if memory else "?"
+    return {
+        "machine": f"{cpu}, {ram} RAM",
+        "versions": versions,
+        "commit": (commit.stdout.strip() or "?") + changes,
+    }
+
+
+INTRO = """\
+# The seed's cells on CPU
+
+The lightning-sprite seed's hardware cells (its Tested table: FP32 parity AF to X8F, BF16 criterion v2 A440 to X8B,
+checkpoint resume AC32 to X2CB), each run at the cell's world size on this CPU machine: one pytest session per cell,
+a local world of forked ranks (`--ranks=N`, gloo, the tiny Qwen2 + LoRA of `lora_qwen`), the clean results shared
+through the session store (`--sprite-reuse=auto`) so fault cases reuse the clean arms. A criterion or resume cell
+runs the command `hpc/aurora/README.md` or `hpc/slurm/README.md` gives for its machine (the same tests and `-k`);
+an FP32 parity cell runs the shipped suite's `test_lora_parity` at its size. Results and figures come from each
+session's `--sprite-report` JSON. What ran on the real machines is on [Tested](../tested.md): the hardware cells are
+not run with pytest-sprite yet, so the seed's column is the seed's own run (Qwen2.5-0.5B on A100s or Aurora tiles).
+
+Read the "here" column as "the same checks pass at the same world size"; the figures are not the seed's
+magnitudes (another model, CPU kernels, gloo). Wall time and memory are this machine's: 2 cores shared by every
+rank (and, on a shared machine, by other work: the load average is given with each cell). Peak PSS is the summed
+proportional set size of the session's processes, sampled every 10 s (forked ranks share their pages).
+"""
+
+
+def page(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
+    """The whole of ``docs/measurements/cells.md``: what was measured, when, where, and the tables."""
+    measured = [records[c.name] for c in cells if c.name in records]
+    dates = sorted(r["date"] for r in measured)
+    machines = sorted({r["machine"] for r in measured})
+    versions = sorted({", ".join(f"{k} {v}" for k, v in r["versions"].items()) for r in measured})
+    commands = sorted({r["bench"] for r in measured})
+    loads = ", ".join(f"{r['cell']} {r['load'][0]} / {r['load'][1]}" for r in measured)
+    lines = [
+        INTRO,
+        "- Command: " + ("; ".join(f"`{c}`" for c in commands) or "`OMP_NUM_THREADS=1 python bench/cells.py`")
+        + " (each cell's pytest command is in the last table).",
+        f"- Date: {dates[0]} to {dates[-1]} (each cell's in its row)." if dates else "- Date: nothing measured yet.",
+        "- Machine: " + ("; ".join(machines) or "-") + f". Load average before / after each cell: {loads or '-'}.",
+        "- Versions: " + ("; ".join(versions) or "-")
+        + f"; commit {', '.join(sorted({r['commit'] for r in measured})) or '-'}.",
+        "",
+        "## The cells",
+        "",
+        markdown_table(CELL_HEADERS, cell_rows(cells, records)),
+    ]  # fmt: skip
+    for title, headers, rows in detail_tables(cells, records):
+        lines += ["", f"## {title}", "", markdown_table(headers, rows)]
+    command_rows = [
+        [c.name, f"`{records.get(c.name, {}).get('command') or shlex.join(c.command())}`", c.source]
+        for c in cells
+    ]
+    lines += [
+        "",
+        "## The command of each cell",
+        "",
+        markdown_table(["Cell", "Command here", "From"], command_rows),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _committed_tree(folder: Path) -> Path:
+    """HEAD's ``pytest_sprite`` in ``folder`` (others' uncommitted work in the tree stays out of the run)."""
+    folder.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "HEAD", "pytest_sprite"], cwd=ROOT, capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def load_records(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    records: dict[str, dict[str, Any]] = json.loads(path.read_text())["cells"]
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", help="comma-separated cell names (default: every cell up to --max-ranks)")
+    parser.add_argument(
+        "--max-ranks", type=int, default=48, help="largest world to run (default 48; 96: X8F, X8B)"
+    )
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds a cell may take (default 1200)")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    parser.add_argument("--render", action="store_true", help="only write the page again from its .json")
+    parser.add_argument(
+        "--committed",
+        action="store_true",
+        help="run HEAD's pytest_sprite (git archive), not the working tree's",
+    )
+    parser.add_argument(
+        "--page", type=Path, default=PAGE, help=f"page to write (default {PAGE.relative_to(ROOT)})"
+    )
+    args = parser.parse_args(argv)
+    cells = seed_cells()
+    chosen = select(cells, args.cells, args.max_ranks)
+    if args.dry_run:
+        for c in chosen:
+            print(f"{c.name:<6} {c.kind:<9} {c.ranks:>3} ranks  {shlex.join(c.command())}  [{c.source}]")
+        return 0
+    data = args.page.with_suffix(".json")
+    records = load_records(data)
+    if args.render:
+        args.page.write_text(page(cells, records))
+        print(text_report(cells, records))
+        return 0
+    env = {
+        **environment(args.committed),
+        "bench": "OMP_NUM_THREADS=1 " + shlex.join(["python", "bench/cells.py", *(argv or sys.argv[1:])]),
+    }
+    print(f"{env['machine']}; load average {os.getloadavg()[0]:.1f} before", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sprite-bench-cells-") as tmp:
+        tree = _committed_tree(Path(tmp) / "tree") if args.committed else None
+        for c in chosen:
+            print(f"{c.name}: {c.ranks} ranks, {shlex.join(c.tests)} ...", flush=True)
+            workdir = Path(tmp) / c.name
+            workdir.mkdir()
+            record = {**run_cell(c, workdir, args.timeout, tree), **env}
+            records[c.name] = record
+            print(f"  {record['wall_s']:.0f} s, peak PSS {record['peak_pss_gb']:.1f} GB: "
+                  f"{record.get('result') or 'not run here: ' + record['reason']}", flush=True)  # fmt: skip
+            data.write_text(json.dumps({"cells": records}, indent=1, ensure_ascii=False) + "\n")
+            args.page.write_text(page(cells, records))
+    print(f"load average {os.getloadavg()[0]:.1f} after; wrote {args.page} and {data}")
+    print()
+    print(text_report(cells, records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
