@@ -22,15 +22,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_sprite import CrashConsistencyError, CrashMatrix, assert_crash_consistent
 from pytest_sprite.chaos.crash_targets import MatrixTarget
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
+from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV
 from pytest_sprite.chaos.lora import LoraQwenTarget
-from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, rank_envs
+from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, rank_envs
 from pytest_sprite.chaos.targets import load_weights, write_sitecustomize
 
 ENTRY = (
@@ -55,15 +54,9 @@ class InterpreterPerRun:
     def label(self) -> str:
         return f"lora_qwen {self.strategy}, an interpreter per run"
 
-    def run(
-        self,
-        train_dir: Path,
-        *,
-        plans: Sequence[Plan | None],
-        outputs: Sequence[Path],
-        timeout: float,
-        grace: float,
-    ) -> RunOutcome:
+    def run(self, request: RunRequest) -> RunOutcome:
+        train_dir, plans, outputs = request.train_dir, request.plans, request.outputs
+        timeout, grace, kill = request.timeout, request.grace, request.kill
         start = time.monotonic()
         train_dir.mkdir(parents=True, exist_ok=True)
         result = train_dir.parent / f"{train_dir.name}.result.pt"
@@ -75,8 +68,8 @@ class InterpreterPerRun:
                 **env_add,
                 "PYTHONPATH": os.pathsep.join([str(self.inject_dir), os.getcwd()]),
             }
-            if plan is not None:
-                env[PLAN_ENV] = plan.to_json()
+            if plan is not None:  # an interpreter is no sub-world rank: its injector carries the kill plan
+                env[PLAN_ENV] = replace(plan, kill=kill).to_json()
             out = open(outputs[rank], "ab")
             argv = [
                 sys.executable,
@@ -109,8 +102,8 @@ class InterpreterPerRun:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
                 ranks.append(RankOutcome(rank=i, status="timeout", error="killed after the run's deadline"))
-            elif codes[i] == CRASH_EXIT_CODE:
-                ranks.append(RankOutcome(rank=i, status="crashed"))
+            elif codes[i] == CRASH_EXIT_CODE and kill is not None:
+                ranks.append(RankOutcome(rank=i, status="crashed", crashed_at=kill.at))
             elif codes[i] != 0:
                 ranks.append(RankOutcome(rank=i, status="raised", error=f"exited with status {codes[i]}"))
             else:

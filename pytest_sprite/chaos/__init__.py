@@ -1,7 +1,8 @@
 """Crash consistency of checkpoint saves: kill a run at every file event, tear written files, resume, judge.
 
 What the ckpt-chaos seed describes, inside the plugin: ``events`` (the log format), ``inject`` (the recorder
-and crash trigger inside a run), ``runs`` (one run: a sub-world of forks), ``targets`` (a function, a command), ``matrix``
+inside a run, which makes every file event a sub-world kill point), ``runs`` (one run: a sub-world of forks
+whose kill plan is the crash), ``targets`` (a function, a command), ``matrix``
 (building it), ``protocols`` (planted save protocols), ``hf`` (Hugging Face Trainer on a tiny in-memory
 GPT-2) and ``lora`` (the lora_qwen recipe's Lightning fit under each shipped strategy). The assertion is
 :func:`pytest_sprite.assert_crash_consistent` (beside its judge), crashing a target built by ``crash_targets``
@@ -11,7 +12,8 @@ verdict rules, the matrix and
 
 A training function calls :func:`note_save_complete` and :func:`note_resumed_from` to make LOST_WORK
 judgeable; both are no-ops outside a crash matrix. Importing this package imports no torch (and, since
-the command form's ``sitecustomize`` imports it into every interpreter it starts, nothing but the stdlib).
+the command form's ``sitecustomize`` imports it into every interpreter it starts, no third-party module but
+pytest, which the verdict rules' module imports).
 """
 
 from __future__ import annotations

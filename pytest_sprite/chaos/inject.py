@@ -1,4 +1,4 @@
-"""Inside a run: record every file event under the watched directory, and die at the planned one.
+"""Inside a run: record every file event under the watched directory, and reach a kill point at each.
 
 Installed once per process (a forked run, or an interpreter started by the command form through
 ``sitecustomize``); never in the pytest process itself, because an audit hook cannot be removed.
@@ -8,12 +8,19 @@ Installed once per process (a forked run, or an interpreter started by the comma
   ``FileSystemWriter`` writes through ``Path.open`` and ``Path.rename``, so its files are seen here as well.
 - ``torch.save`` to a path and safetensors' ``save_file`` write from C++/Rust and raise no audit event, so they
   are wrapped (also when torch or safetensors is imported after the plan is installed).
-- The planned event ends the process with ``os._exit(CRASH_EXIT_CODE)`` inside the event, before it takes effect.
-  A torn crash lets the write happen and cuts the file to half its size: native writers right after they return,
-  ``open()`` at the process's next file event or mark (or the end of the run), i.e. once Python has written it.
+- Where a run dies is its kill plan's decision (a :class:`~pytest_sprite.subworld.KillAt` the matrix builds):
+  every event is the kill point ``("file", i)``, reached inside the event before it takes effect, and every
+  file write (:data:`~pytest_sprite.chaos.events.TEARABLE_KINDS`) also the point ``("written", i)``, reached
+  once the file is written: native writers right after they return, ``open()`` at the process's next file
+  event or mark (or the end of the run), i.e. once Python has written it. A kill at a ``written`` point first
+  cuts the file to half its size: a torn write.
+- In a sub-world rank (every run but the command form's) the points are the sub-world's
+  :func:`~pytest_sprite.subworld.kill_point`: the sub-world's plan decides, kills the rank and records where
+  (``killed_at``). An interpreter of the command form is no sub-world rank: its :class:`Plan` carries the same
+  kill plan, the injector asks it at the same points and ends the process with ``os._exit(CRASH_EXIT_CODE)``.
 
 This emulates a process kill, not power loss: the page cache survives and writes are not reordered.
-Stdlib only at import: torch and safetensors are patched only when the run imports them.
+No third-party import: torch and safetensors are patched only when the run imports them.
 """
 
 from __future__ import annotations
@@ -30,11 +37,16 @@ from typing import Any
 
 from pytest_sprite.assertions.crash_consistency import SCRATCH
 from pytest_sprite.chaos.events import FileEvent
+from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.subworld.plan import KillAt, KillPoint
+from pytest_sprite.subworld.rank import in_subworld, kill_point
 
 __all__ = [
     "CRASH_EXIT_CODE",
+    "FILE_POINT",
     "OUTSIDE",
     "PLAN_ENV",
+    "WRITTEN_POINT",
     "Plan",
     "finish",
     "install",
@@ -45,7 +57,13 @@ __all__ = [
 ]
 
 CRASH_EXIT_CODE = 86
-"""Exit status of a process that died at its planned crash point (so the matrix can tell it from a failure)."""
+"""Exit status of a command-form interpreter that its kill plan killed (it has no sub-world to report to)."""
+
+FILE_POINT = "file"
+"""Kill point of file event ``i``, inside the event before it takes effect: ``kill_point("file", i)``."""
+
+WRITTEN_POINT = "written"
+"""Kill point after file write ``i`` is written; killing there cuts the file to half its size (torn)."""
 
 PLAN_ENV = "SPRITE_CHAOS_PLAN"
 """Environment variable that carries a JSON :class:`Plan` into an interpreter started by the command form."""
@@ -58,7 +76,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What the injector of one process does: where to watch, where to log, and where (if anywhere) to die."""
+    """What the injector of one process does: where to watch and where to log (and, outside a sub-world, die)."""
 
     root: str
     """Watched directory (the run's training directory); events outside it are ignored."""
@@ -66,10 +84,9 @@ class Plan:
     """This process's event log (JSON lines, appended)."""
     rank: int = 0
     """This process's rank, written into every event."""
-    crash_at: int | None = None
-    """Index of the event (among this rank's) where the process dies; None records only."""
-    torn: bool = False
-    """Die with the file of the planned event written and cut to half its size, instead of before the event."""
+    kill: KillAt | None = None
+    """The run's kill plan, for an interpreter of the command form only (no sub-world rank: in one, the plan
+    is the sub-world's ``kill=``). None records only."""
 
     def to_json(self) -> str:
         """The plan as the command form passes it in :data:`PLAN_ENV`."""
@@ -79,24 +96,33 @@ class Plan:
     def from_json(cls, text: str) -> Plan:
         """Read a plan from :data:`PLAN_ENV`."""
         data = json.loads(text)
+        kill = data.get("kill")
         return cls(
             root=str(data["root"]),
             log=str(data["log"]),
             rank=int(data.get("rank", 0)),
-            crash_at=None if data.get("crash_at") is None else int(data["crash_at"]),
-            torn=bool(data.get("torn", False)),
+            kill=None
+            if kill is None
+            else KillAt(
+                event=str(kill["event"]),
+                at=int(kill["at"]),
+                ranks=None if kill.get("ranks") is None else tuple(int(r) for r in kill["ranks"]),
+                signum=int(kill["signum"]),
+            ),
         )
 
 
 class _Injector:
-    """The per-process recorder and crash trigger (one instance, reached through the module global)."""
+    """The per-process recorder and kill-point reporter (one instance, reached through the module global)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.root = os.path.realpath(plan.root)
         self.count = 0
         self.busy = False
-        self.pending_tear: str | None = None
+        self.pending_written: tuple[int, str, str] | None = None
+        """An ``open()`` write whose ``written`` point comes at the next event or mark: (index, path, detail)."""
+        self.counts: dict[str, int] = {}
         os.makedirs(os.path.dirname(os.path.abspath(plan.log)), exist_ok=True)
         self.fd = os.open(plan.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
@@ -114,14 +140,13 @@ class _Injector:
 
     # --- events ------------------------------------------------------------------------------------------
 
-    def event(self, kind: str, path: str, dest: str | None = None) -> int | None:
-        """Count and log one event; die here when it is the planned untorn one. None when it is not watched."""
+    def event(self, kind: str, path: str, dest: str | None = None) -> tuple[int, str] | None:
+        """Count and log one event and reach its ``file`` point: (index, detail), or None when it is not watched."""
         rel = self.relative(path)
         rel_dest = self.relative(dest) if dest is not None else None
         if rel is None and rel_dest is None:
             return None
-        if self.pending_tear is not None:
-            self.tear_and_exit(self.pending_tear)
+        self.reach_pending_written()
         index = self.count
         self.count += 1
         # a file outside (a temp file renamed into place) is named only as such: its name is random per run
@@ -131,32 +156,45 @@ class _Injector:
             shown_dest = rel_dest if rel_dest is not None else OUTSIDE
         line = FileEvent(index=index, rank=self.plan.rank, kind=kind, path=shown, dest=shown_dest).to_dict()
         os.write(self.fd, (json.dumps(line) + "\n").encode())
-        if index == self.plan.crash_at:
-            if not self.plan.torn:
-                os._exit(CRASH_EXIT_CODE)
-            if kind == "open":
-                self.pending_tear = os.path.abspath(path)
-        return index
+        detail = shown if shown_dest is None else f"{shown} -> {shown_dest}"
+        self.reach(FILE_POINT, index, detail)
+        if kind == "open":
+            self.pending_written = (index, os.path.abspath(path), detail)
+        return index, detail
 
     def mark(self, mark: str, name: str) -> None:
-        """Log a target's mark (a torn ``open()`` file is cut first: the target has finished writing it)."""
-        if self.pending_tear is not None:
-            self.tear_and_exit(self.pending_tear)
+        """Log a target's mark (a pending ``open()`` write reaches its ``written`` point first: it is written)."""
+        self.reach_pending_written()
         line = {"mark": mark, "name": name, "rank": self.plan.rank, "after": self.count}
         os.write(self.fd, (json.dumps(line) + "\n").encode())
 
-    def tear_and_exit(self, path: str) -> None:
-        """Cut ``path`` to half its size and die, as a process killed in the middle of writing it."""
-        self.busy = True
-        try:
-            size = os.path.getsize(path)
-            os.truncate(path, size // 2)
-        except OSError:
-            pass  # the file is gone already (removed after writing): dying is all that is left
-        os._exit(CRASH_EXIT_CODE)
+    def reach(self, point: str, index: int, detail: str, *, tear: str | None = None) -> None:
+        """Kill point ``(point, index)``: the kill plan decides; a kill at a ``written`` point tears ``tear`` first."""
 
-    def is_planned_torn(self, index: int | None) -> bool:
-        return index is not None and self.plan.torn and index == self.plan.crash_at
+        def cut() -> None:
+            self.busy = True  # the process dies next: its own truncate is no event
+            if tear is not None:
+                _cut_to_half(tear)
+
+        if in_subworld():
+            kill_point(point, index, detail=detail, before_kill=cut)
+            return
+        kill = self.plan.kill
+        if kill is None:
+            return
+        self.counts[point] = count = self.counts.get(point, 0) + 1
+        if kill.should_kill(
+            KillPoint(rank=self.plan.rank, event=point, count=count, index=index, detail=detail)
+        ):
+            cut()
+            os._exit(CRASH_EXIT_CODE)
+
+    def reach_pending_written(self) -> None:
+        """The pending ``open()`` write is written now (the process moved on): its ``written`` point."""
+        if self.pending_written is not None:
+            index, path, detail = self.pending_written
+            self.pending_written = None
+            self.reach(WRITTEN_POINT, index, detail, tear=path)
 
     # --- the audit hook ----------------------------------------------------------------------------------
 
@@ -179,6 +217,14 @@ class _Injector:
             self.event(kind, path, dest)
         finally:
             self.busy = False
+
+
+def _cut_to_half(path: str) -> None:
+    """Cut ``path`` to half its size, as a process killed in the middle of writing it leaves it."""
+    try:
+        os.truncate(path, os.path.getsize(path) // 2)
+    except OSError:
+        pass  # the file is gone already (removed after writing): dying is all that is left
 
 
 def _resolve(path: Any, dir_fd: Any) -> str | None:
@@ -228,6 +274,11 @@ def install(plan: Plan) -> None:
     global _injector
     if _injector is not None:
         raise RuntimeError(f"a chaos plan is installed in this process already ({_injector.plan})")
+    if plan.kill is not None and in_subworld():
+        raise SpriteUsageError(
+            f"Plan(kill={plan.kill!r}) in a sub-world rank: there the kill plan is the sub-world's; pass it as "
+            "run_subworld(..., kill=...) and install the plan with kill=None"
+        )
     _injector = _Injector(plan)
     sys.addaudithook(_injector.audit)
     _patch_native_writers()
@@ -243,9 +294,9 @@ def install_from_env() -> bool:
 
 
 def finish() -> None:
-    """End of the run: a torn ``open()`` file still waiting for its cut is cut now (and the process dies)."""
-    if _injector is not None and _injector.pending_tear is not None:
-        _injector.tear_and_exit(_injector.pending_tear)
+    """End of the run: the last ``open()`` write reaches its ``written`` point (where a torn plan dies)."""
+    if _injector is not None:
+        _injector.reach_pending_written()
 
 
 def note_save_complete(name: str) -> None:
@@ -267,7 +318,7 @@ def note_resumed_from(name: str | None) -> None:
 
 
 def _wrap_writer(kind: str, real: Callable[..., Any], path_pos: int, path_kw: str) -> Callable[..., Any]:
-    """``real`` as an event: die before it, or (torn) after it with its file cut in half."""
+    """``real`` as an event: its ``file`` point before it, its ``written`` point (torn) once it returns."""
 
     def writer(*args: Any, **kwargs: Any) -> Any:
         inj = _injector
@@ -277,12 +328,12 @@ def _wrap_writer(kind: str, real: Callable[..., Any], path_pos: int, path_kw: st
         path = os.path.abspath(os.fsdecode(target))
         inj.busy = True
         try:
-            index = inj.event(kind, path)
+            seen = inj.event(kind, path)
             result = real(*args, **kwargs)  # its own opens and renames are part of this one event
         finally:
             inj.busy = False
-        if inj.is_planned_torn(index):
-            inj.tear_and_exit(path)
+        if seen is not None:
+            inj.reach(WRITTEN_POINT, *seen, tear=path)
         return result
 
     writer.__wrapped__ = real  # type: ignore[attr-defined]

@@ -27,11 +27,12 @@ from pytest_sprite.assertions.crash_consistency import (
     judge_matrix,
 )
 from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
-from pytest_sprite.chaos.inject import Plan
+from pytest_sprite.chaos.inject import FILE_POINT, WRITTEN_POINT, Plan
 from pytest_sprite.chaos.runs import RunOutcome, RunRequest
 from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.timing import monotonic
+from pytest_sprite.subworld.plan import KillAt
 
 __all__ = ["CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]
 
@@ -42,6 +43,13 @@ class CrashPoint:
 
     event: FileEvent
     torn: bool
+
+    def kill_plan(self) -> KillAt:
+        """The crashed run's kill plan: the rank dies at kill point ``file`` i (inside the event, before it takes
+        effect) or, torn, ``written`` i (its file written, then cut to half its size)."""
+        return KillAt(
+            event=WRITTEN_POINT if self.torn else FILE_POINT, at=self.event.index, ranks=(self.event.rank,)
+        )
 
 
 Tear = Literal["all", "native", "none"]
@@ -113,18 +121,9 @@ class _Runs:
         """Run ``name`` (into ``train_dir``'s folder when given: a resume), every rank recording its events."""
         directory = self.train_dir(train_dir or name)
         directory.mkdir(parents=True, exist_ok=True)
-        plans: list[Plan | None] = []
-        for rank, log in enumerate(self.logs(name)):
-            planned = crash is not None and crash.event.rank == rank
-            plans.append(
-                Plan(
-                    root=str(directory),
-                    log=str(log),
-                    rank=rank,
-                    crash_at=crash.event.index if planned and crash is not None else None,
-                    torn=bool(planned and crash is not None and crash.torn),
-                )
-            )
+        plans: list[Plan | None] = [
+            Plan(root=str(directory), log=str(log), rank=rank) for rank, log in enumerate(self.logs(name))
+        ]
         return self.target.run(
             RunRequest(
                 train_dir=directory,
@@ -132,6 +131,7 @@ class _Runs:
                 outputs=self.outputs(name),
                 timeout=self.timeout,
                 grace=self.grace if crash is not None else self.timeout,
+                kill=None if crash is None else crash.kill_plan(),
             )
         )
 
@@ -275,7 +275,7 @@ def _resume_row(
     newest = None
     if crash is not None:
         cp, outcome = crash
-        crashed = any(r.status == "crashed" and r.rank == cp.event.rank for r in outcome.ranks)
+        crashed = outcome.crashed_at(cp.event.rank, cp.event.index)
         crash_log = runs.log(name)
         if not crashed:
             note = "the crash point was not reached: " + (

@@ -4,9 +4,11 @@ The runs are sub-worlds (``subworld.host.run_plain_world``), not a second proces
 rank is a fork of the calling process (so it costs a fork, not an ``import torch``), reports through the
 sub-world's frames and is watched, timed out and ended by its host. A matrix's rank joins no world of the
 harness's: it leads its own session, prints into the matrix's log file, takes the launcher variables it is
-given, installs its :class:`~pytest_sprite.chaos.inject.Plan`, calls the function and hands back what it
-returned (or the exception it raised, as text). A rank that dies at its crash point leaves the others
-running on for ``grace`` seconds, as a killed process would; then they are ended.
+given, installs its :class:`~pytest_sprite.chaos.inject.Plan` (the recorder), calls the function and hands
+back what it returned (or the exception it raised, as text). Where a run crashes is the sub-world's kill plan
+(``kill=``, built by the matrix): the injector reports every file event as a kill point, the plan decides, the
+sub-world kills the rank there and says where (``killed_at``). A killed rank leaves the others running on for
+``grace`` seconds, as a killed process would; then they are ended.
 """
 
 from __future__ import annotations
@@ -21,12 +23,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
+from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.env.rank_variables import become_rank
 from pytest_sprite.plumbing.process import exit_text, redirect_output
 from pytest_sprite.plumbing.timing import monotonic
+from pytest_sprite.subworld.plan import KillAt
 
-__all__ = ["RankOutcome", "RunOutcome", "RunRequest", "forked_envs", "portable", "rank_envs", "run_ranks"]
+__all__ = [
+    "RankOutcome",
+    "RunOutcome",
+    "RunRequest",
+    "crash_outcome",
+    "forked_envs",
+    "portable",
+    "rank_envs",
+    "run_ranks",
+]
 
 Status = Literal["returned", "raised", "crashed", "died", "timeout"]
 
@@ -37,12 +49,14 @@ class RankOutcome:
 
     rank: int
     status: Status
-    """``returned`` (value is set), ``raised`` (error is set), ``crashed`` at its planned point, ``died`` (any
-    other exit or signal), ``timeout`` (killed by the run's deadline)."""
+    """``returned`` (value is set), ``raised`` (error is set), ``crashed`` where the run's kill plan killed it
+    (``crashed_at`` is set), ``died`` (any other exit or signal), ``timeout`` (killed by the run's deadline)."""
     value: Any = None
     error: str | None = None
     """The exception (``Type: message``) or how the process ended."""
     traceback: str | None = None
+    crashed_at: int | None = None
+    """The index of this rank's file event where the kill plan killed it (``crashed`` only)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,8 +68,12 @@ class RunOutcome:
 
     @property
     def crashed(self) -> bool:
-        """True when some rank died at its planned crash point."""
+        """True when the kill plan killed some rank."""
         return any(r.status == "crashed" for r in self.ranks)
+
+    def crashed_at(self, rank: int, index: int) -> bool:
+        """True when the kill plan killed ``rank`` at its file event ``index``."""
+        return any(r.status == "crashed" and r.rank == rank and r.crashed_at == index for r in self.ranks)
 
     @property
     def ok(self) -> bool:
@@ -101,9 +119,12 @@ class RunRequest:
     train_dir: Path
     """The run trains into (and resumes from) this directory."""
     plans: Sequence[Plan | None]
+    """Each rank's recorder (where to watch, where to log)."""
     outputs: Sequence[Path]
     timeout: float
     grace: float
+    kill: KillAt | None = None
+    """The run's kill plan: the rank and file-event kill point where it crashes (None: no crash)."""
 
     def in_forks(
         self, fn: Callable[..., Any], args: Sequence[Any], envs: Sequence[Mapping[str, str]]
@@ -117,6 +138,7 @@ class RunRequest:
             logs=self.outputs,
             timeout=self.timeout,
             grace=self.grace,
+            kill=self.kill,
         )
 
 
@@ -134,13 +156,15 @@ def run_ranks(
     logs: Sequence[Path],
     timeout: float,
     grace: float | None = None,
+    kill: KillAt | None = None,
 ) -> RunOutcome:
     """Run ``fn(*args)`` in ``len(plans)`` forked processes (one per rank) and wait for all of them.
 
-    Each rank gets its own plan (None: no injector), environment additions and output log. A rank still
-    running after ``timeout`` seconds is killed. With ``grace``, once a rank has ended without a result (it
-    died, at its crash point or otherwise) the others get ``grace`` more seconds to run on before they are
-    stopped. What a rank left running (a dataloader worker) ends with the run.
+    Each rank gets its own plan (None: no injector), environment additions and output log; ``kill`` is the
+    sub-world's kill plan at the injector's file-event kill points. A rank still running after ``timeout``
+    seconds is killed. With ``grace``, once a rank has ended without a result (killed by the plan, or died)
+    the others get ``grace`` more seconds to run on before they are stopped. What a rank left running (a
+    dataloader worker) ends with the run.
     """
     from pytest_sprite.subworld.host import run_plain_world
     from pytest_sprite.subworld.zygote import DirectForker
@@ -152,7 +176,7 @@ def run_ranks(
         request,
         {},
         size=len(plans),
-        kill=None,
+        kill=kill,
         timeout=timeout,
         forker=DirectForker(),
         join=False,
@@ -216,8 +240,8 @@ def _outcome(o: Any, elapsed: float) -> RankOutcome:
         return RankOutcome(
             rank=o.rank, status="timeout", error=f"still running after {elapsed:.0f} s; killed"
         )
-    if o.exitcode == CRASH_EXIT_CODE:
-        return RankOutcome(rank=o.rank, status="crashed")
+    if o.status == "killed":
+        return crash_outcome(o)
     if o.status == "returned":
         kind, value, error, tb = o.value
         if kind == "returned":
@@ -227,6 +251,11 @@ def _outcome(o: Any, elapsed: float) -> RankOutcome:
         last = [line for line in o.error.strip().splitlines() if line.strip()][-1:] or [o.error]
         return RankOutcome(rank=o.rank, status="died", error=last[0])
     return RankOutcome(rank=o.rank, status="died", error=f"ended with {exit_text(o.exitcode, o.signum)}")
+
+
+def crash_outcome(o: Any) -> RankOutcome:
+    """A sub-world rank its kill plan killed (status ``killed``), as the matrix reads it: crashed at event i."""
+    return RankOutcome(rank=o.rank, status="crashed", crashed_at=o.killed_at.index)
 
 
 def rank_envs(ranks: int, *, port: int | None = None) -> list[dict[str, str]]:

@@ -2,11 +2,14 @@
 
 A target trains into the directory it is given, resuming from whatever it finds there, and ends with its
 final weights. Calling it again on the same directory is its resume. Targets run one whole run at a time;
-the matrix decides which process dies where through the per-rank :class:`~pytest_sprite.chaos.inject.Plan`.
+each rank records its file events under its :class:`~pytest_sprite.chaos.inject.Plan`, and the matrix decides
+which process dies where through the run's kill plan (``RunRequest.kill``): the ``kill=`` of the run's
+sub-world, or, in the command form's interpreter, the plan the injector asks itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, forked_envs
+from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, crash_outcome, forked_envs
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.process import exit_text, prewarm_training
@@ -174,8 +177,8 @@ class CommandTarget:
                 p for p in (str(self.inject_dir), env.get("PYTHONPATH", "")) if p
             )
         env.pop(PLAN_ENV, None)
-        if plan is not None:
-            env[PLAN_ENV] = plan.to_json()
+        if plan is not None:  # no sub-world rank: the interpreter's injector carries the run's kill plan
+            env[PLAN_ENV] = dataclasses.replace(plan, kill=request.kill).to_json()
         train_dir.mkdir(parents=True, exist_ok=True)
         start = monotonic()
         with open(output, "ab") as out:
@@ -192,8 +195,10 @@ class CommandTarget:
                 )
                 return RunOutcome(ranks=(outcome,), wall_s=monotonic() - start)
         wall = monotonic() - start
-        if code == CRASH_EXIT_CODE:
-            return RunOutcome(ranks=(RankOutcome(rank=0, status="crashed"),), wall_s=wall)
+        if code == CRASH_EXIT_CODE and plan is not None and request.kill is not None:
+            # the status only the injector's os._exit gives, where the kill plan kills (at one event: its own)
+            crashed = RankOutcome(rank=0, status="crashed", crashed_at=request.kill.at)
+            return RunOutcome(ranks=(crashed,), wall_s=wall)
         if code != 0:
             tail = tail_of_file(output, 3).rstrip()
             error = f"ended with {exit_text(code, None)}" + (f": {tail.splitlines()[-1]}" if tail else "")
@@ -349,6 +354,7 @@ class SubworldTarget:
             _subworld_rank,
             args=(self.fn, (request.train_dir, *self.args), tuple(request.plans)),
             ranks=self.ranks,
+            kill=request.kill,
             timeout=request.timeout,
         )
         ranks: list[RankOutcome] = []
@@ -358,8 +364,8 @@ class SubworldTarget:
                     f.write(o.output)
             if o.status == "returned":
                 ranks.append(RankOutcome(rank=o.rank, status="returned", value=o.value))
-            elif o.exitcode == CRASH_EXIT_CODE:
-                ranks.append(RankOutcome(rank=o.rank, status="crashed"))
+            elif o.status == "killed":
+                ranks.append(crash_outcome(o))
             elif o.status == "raised":
                 last = [line for line in o.error.strip().splitlines() if line.strip()][-1:] or [o.error]
                 ranks.append(RankOutcome(rank=o.rank, status="raised", error=last[0], traceback=o.error))

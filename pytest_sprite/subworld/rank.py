@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -70,11 +71,18 @@ def emit(name: str, value: Any) -> None:
     _send(ctx.channel, ("event", name, value))
 
 
-def kill_point(event: str, index: int | None = None, *, detail: str = "") -> None:
+def kill_point(
+    event: str,
+    index: int | None = None,
+    *,
+    detail: str = "",
+    before_kill: Callable[[], object] | None = None,
+) -> None:
     """A point where the sub-world's kill plan may kill this rank: ``kill_point("step", 4)``.
 
-    Counts every call per event name; the plan sees the count, the index and the detail. Outside a
-    sub-world, or without a plan, it does nothing.
+    Counts every call per event name; the plan sees the count, the index and the detail. ``before_kill``
+    runs only when the plan kills the rank here, right before it dies (the crash injector cuts the file it
+    was writing). Outside a sub-world, or without a plan, it does nothing.
     """
     ctx = _CONTEXT
     if ctx is None:
@@ -85,6 +93,11 @@ def kill_point(event: str, index: int | None = None, *, detail: str = "") -> Non
     point = KillPoint(rank=ctx.rank, event=event, count=count, index=index, detail=detail)
     if ctx.plan.should_kill(point):
         signum = getattr(ctx.plan, "signum", signal.SIGKILL)
+        if before_kill is not None:
+            try:
+                before_kill()
+            except Exception as exc:  # what dying here does must not keep the rank alive
+                sys.stderr.write(f"kill_point: before_kill failed ({type(exc).__name__}: {exc})\n")
         _send(ctx.channel, ("killed", point, signum))
         sys.stdout.flush()
         sys.stderr.flush()

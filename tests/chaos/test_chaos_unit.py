@@ -6,6 +6,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,12 @@ from pytest_sprite.assertions.crash_consistency import (
     judge_row,
 )
 from pytest_sprite.chaos.events import FileEvent, read_event_log
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, Plan
-from pytest_sprite.chaos.matrix import crash_points, prepare_out_dir
+from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
+from pytest_sprite.chaos.matrix import CrashPoint, crash_points, prepare_out_dir
 from pytest_sprite.chaos.runs import run_ranks
-from pytest_sprite.chaos.targets import weight_diff
+from pytest_sprite.chaos.targets import weight_diff, write_sitecustomize
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.subworld import KillAt, KillPoint
 
 pytestmark = pytest.mark.cpu
 
@@ -79,17 +82,23 @@ EXPECTED = [
 ]
 
 
-def _run(tmp_path: Path, name: str, **plan: Any) -> tuple[Path, Any]:
+def _crash(index: int, *, torn: bool = False) -> KillAt:
+    """The kill plan the matrix builds for a crash at rank 0's event ``index``."""
+    return CrashPoint(event=FileEvent(index=index, rank=0, kind="open", path="-"), torn=torn).kill_plan()
+
+
+def _run(tmp_path: Path, name: str, kill: KillAt | None = None) -> tuple[Path, Any]:
     root = tmp_path / name
     root.mkdir()
     log = tmp_path / f"{name}.events"
     outcome = run_ranks(
         _file_work,
         (root,),
-        plans=[Plan(root=str(root), log=str(log), **plan)],
+        plans=[Plan(root=str(root), log=str(log))],
         envs=[{}],
         logs=[tmp_path / f"{name}.out"],
         timeout=120,
+        kill=kill,
     )
     return root, (outcome, read_event_log(log))
 
@@ -107,11 +116,12 @@ def test_recorder_sees_every_file_event_under_the_root_and_nothing_else(tmp_path
 
 def test_a_planned_crash_dies_inside_the_event_before_it_takes_effect(tmp_path: Path) -> None:
     pytest.importorskip("safetensors")
-    root, (outcome, log) = _run(tmp_path, "crash", crash_at=4)  # the first rename
+    root, (outcome, log) = _run(tmp_path, "crash", _crash(4))  # the first rename
     assert outcome.ranks[0].status == "crashed"
+    assert outcome.ranks[0].crashed_at == 4  # where the sub-world says its kill plan struck
     assert log.events[-1].describe() == "rename d/a.txt -> d/b.txt"
     assert (root / "d" / "a.txt").exists() and not (root / "d" / "b.txt").exists()
-    root, (outcome, _) = _run(tmp_path, "crash-save", crash_at=2)  # torch.save: the file never appears
+    root, (outcome, _) = _run(tmp_path, "crash-save", _crash(2))  # torch.save: the file never appears
     assert outcome.ranks[0].status == "crashed" and not (root / "d" / "t.pt").exists()
 
 
@@ -125,13 +135,13 @@ def test_a_torn_crash_leaves_the_file_cut_to_half(tmp_path: Path, index: int, na
     full_root, (full, _) = _run(tmp_path, "full")
     assert full.ranks[0].status == "returned"
     full_size = {"a.txt": 100}.get(name) or (full_root / "d" / name).stat().st_size
-    root, (outcome, log) = _run(tmp_path, "torn", crash_at=index, torn=True)
-    assert outcome.ranks[0].status == "crashed"
+    root, (outcome, log) = _run(tmp_path, "torn", _crash(index, torn=True))
+    assert outcome.ranks[0].status == "crashed" and outcome.ranks[0].crashed_at == index
     assert (root / "d" / name).stat().st_size == full_size // 2
     assert log.events[index].path == f"d/{name}"
 
 
-def test_marks_and_the_crash_exit_code(tmp_path: Path) -> None:
+def test_marks_and_the_planned_crash(tmp_path: Path) -> None:
     def work(root: Path) -> int:
         from pytest_sprite.chaos import note_resumed_from, note_save_complete
 
@@ -145,16 +155,64 @@ def test_marks_and_the_crash_exit_code(tmp_path: Path) -> None:
     outcome = run_ranks(
         work,
         (tmp_path,),
-        plans=[Plan(root=str(tmp_path), log=str(log_path), crash_at=1)],
+        plans=[Plan(root=str(tmp_path), log=str(log_path))],
         envs=[{}],
         logs=[tmp_path / "m.out"],
         timeout=60,
+        kill=_crash(1),
     )
-    assert outcome.ranks[0].status == "crashed" and CRASH_EXIT_CODE == 86
+    assert outcome.ranks[0].status == "crashed" and outcome.ranks[0].crashed_at == 1
     log = read_event_log(log_path)
     assert log.completed_saves() == ("ckpt-1",)
     assert log.resumed_from() == SCRATCH
     assert [(m.mark, m.after) for m in log.marks] == [("resumed_from", 0), ("save_complete", 1)]
+
+
+def test_the_matrix_plans_a_crash_at_the_file_point_and_a_torn_one_at_the_written_point() -> None:
+    event = FileEvent(index=3, rank=1, kind="torch.save", path="ckpt-2/model.pt")
+    untorn = CrashPoint(event=event, torn=False).kill_plan()
+    torn = CrashPoint(event=event, torn=True).kill_plan()
+
+    def point(event: str, rank: int = 1, index: int = 3) -> KillPoint:
+        return KillPoint(rank=rank, event=event, count=index + 1, index=index, detail="ckpt-2/model.pt")
+
+    assert untorn.should_kill(point("file")) and not untorn.should_kill(point("written"))
+    assert torn.should_kill(point("written")) and not torn.should_kill(point("file"))
+    assert not untorn.should_kill(point("file", rank=0)) and not untorn.should_kill(point("file", index=2))
+    plan = Plan(root="/r", log="/l", rank=1, kill=torn)
+    assert Plan.from_json(plan.to_json()) == plan  # the command form's interpreter gets the same plan
+
+
+def _planned_work(root: Path) -> None:
+    from pytest_sprite.chaos import inject
+
+    inject.install(Plan(root=str(root), log=str(root / "x.events"), kill=_crash(0)))
+
+
+def test_in_a_sub_world_rank_the_kill_plan_is_the_sub_worlds(tmp_path: Path) -> None:
+    outcome = run_ranks(
+        _planned_work, (tmp_path,), plans=[None], envs=[{}], logs=[tmp_path / "x.out"], timeout=60
+    )
+    assert outcome.ranks[0].status == "raised"
+    assert "the kill plan is the sub-world's; pass it as run_subworld(..., kill=...)" in (
+        outcome.ranks[0].error or ""
+    )
+
+
+def test_a_command_interpreter_asks_the_same_plan_and_exits_with_the_crash_status(tmp_path: Path) -> None:
+    """Not a sub-world rank: the plan travels in the environment and the process ends with the crash status."""
+    inject_dir = write_sitecustomize(tmp_path / "inject").parent
+    root = tmp_path / "run"
+    root.mkdir()
+    script = (
+        f"open({str(root / 'a.txt')!r}, 'w').write('0123456789' * 10)\nopen({str(root / 'b.txt')!r}, 'w')\n"
+    )
+    plan = Plan(root=str(root), log=str(tmp_path / "c.events"), kill=_crash(0, torn=True))
+    env = {**os.environ, "PYTHONPATH": str(inject_dir), PLAN_ENV: plan.to_json()}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+    assert done.returncode == CRASH_EXIT_CODE, done.stderr.decode()[-2000:]
+    assert (root / "a.txt").stat().st_size == 50 and not (root / "b.txt").exists()
+    assert [e.path for e in read_event_log(tmp_path / "c.events").events] == ["a.txt"]
 
 
 def test_event_log_ignores_a_line_cut_by_a_dying_process_and_rejects_garbage(tmp_path: Path) -> None:

@@ -45,6 +45,12 @@ def files(world: Any, n: int) -> int:
     return n
 
 
+def last_words(world: Any, n: int) -> int:
+    for i in range(n):
+        kill_point("file", i, before_kill=lambda i=i: emit("dying", i))
+    return n
+
+
 def crash(world: Any) -> None:
     dist.barrier()
     if world.rank == 0:
@@ -135,6 +141,13 @@ def test_kill_inside_the_nth_file_event() -> None:
     assert killed.emitted("file") == [0, 1]
     assert killed.describe() == "killed at file #3 (shard_2.distcp) (signal 9)"
     assert result.outcomes[1].status in ("returned", "ended")  # it may finish before it hears
+
+
+def test_before_kill_runs_only_where_the_plan_kills() -> None:
+    result = run_subworld(last_words, args=(4,), ranks=2, kill=KillAt(event="file", at=2, ranks=(1,)))
+    assert result.outcomes[0].emitted("dying") == []
+    assert result.outcomes[1].emitted("dying") == [2]
+    assert result.outcomes[1].killed_at == KillPoint(rank=1, event="file", count=3, index=2, detail="")
 
 
 def test_a_crash_is_reported_with_its_exit_code() -> None:
