@@ -138,16 +138,7 @@ def main(argv: Sequence[str]) -> int:
     if reason is not None:
         print(f"{_PREFIX} cannot make hosts on this machine: {reason}", file=sys.stderr)
         return UNAVAILABLE
-    delays = {}
-    for item in args.delay:
-        host, _, seconds = item.partition("=")
-        delays[host] = float(seconds)
-    host_env: dict[str, dict[str, str]] = {}
-    for item in args.host_env:
-        host, _, assignment = item.partition(":")
-        name, _, value = assignment.partition("=")
-        host_env.setdefault(host, {})[name] = value
-
+    delays, host_env = _host_options(args)
     interrupted: list[int] = []
     child: subprocess.Popen[bytes] | None = None
 
@@ -161,35 +152,14 @@ def main(argv: Sequence[str]) -> int:
     try:
         with Machine(n=args.n, delays=delays, host_env=host_env) as machine:
             words, env, per_host = prepare_command(args.command, machine, args.n)
-            made = time.monotonic() - started
-            print(
-                f"{_PREFIX} {args.n} hosts on bridge {machine.bridge} ({machine.subnet}.0/24, made in {made:.1f}s): "
-                + ", ".join(f"{h.name} {h.address}" for h in machine.hosts),
-                file=sys.stderr,
-            )
-            print(
-                f"{_PREFIX} launcher: MPICH mpiexec (hydra {_mpich_version()}), its ssh launcher through "
-                f"{machine.rsh}, {per_host or 'default'} ranks per host; controller on host1",
-                file=sys.stderr,
-            )
-            print(
-                f"{_PREFIX} shared directory {machine.shared}; /tmp, /dev/shm and processes are each host's own",
-                file=sys.stderr,
-            )
-            print(f"{_PREFIX} host1$ {shlex.join(words)}", file=sys.stderr, flush=True)
+            _say_made(machine, time.monotonic() - started, per_host, words)
             crossings = Crossings(machine.hosts)
             crossings.start()
             child = machine.run(machine.hosts[0], words, env=dict(os.environ, **env))
             status = _wait(child, interrupted)
             crossings.stop()
             lost = [h.name for h in machine.hosts if h.lost]
-        print(f"{_PREFIX} what crossed hosts (client -> server, TCP connections seen):", file=sys.stderr)
-        try:
-            crossed = crossings.lines() or ["nothing"]
-        except (KeyError, ValueError, TypeError) as exc:  # never let the summary cost the exit status
-            crossed = [f"could not say ({exc!r})"]
-        for line in crossed:
-            print(f"    {line}", file=sys.stderr)
+        _say_crossed(crossings)
         print(
             f"{_PREFIX} pytest exited {status}; removed {args.n} hosts, their links, bridge {machine.bridge} "
             f"and {machine.workdir}" + (f" (lost during the run: {', '.join(lost)})" if lost else ""),
@@ -202,6 +172,50 @@ def main(argv: Sequence[str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _host_options(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, dict[str, str]]]:
+    """``--delay HOST=SECONDS`` and ``--host-env HOST:NAME=VALUE``, by host."""
+    delays = {}
+    for item in args.delay:
+        host, _, seconds = item.partition("=")
+        delays[host] = float(seconds)
+    host_env: dict[str, dict[str, str]] = {}
+    for item in args.host_env:
+        host, _, assignment = item.partition(":")
+        name, _, value = assignment.partition("=")
+        host_env.setdefault(host, {})[name] = value
+    return delays, host_env
+
+
+def _say_made(machine: Machine, made: float, per_host: int | None, words: Sequence[str]) -> None:
+    """What was made, which launcher runs the command, and the command as host 1 runs it."""
+    print(
+        f"{_PREFIX} {len(machine.hosts)} hosts on bridge {machine.bridge} ({machine.subnet}.0/24, made in "
+        f"{made:.1f}s): " + ", ".join(f"{h.name} {h.address}" for h in machine.hosts),
+        file=sys.stderr,
+    )
+    print(
+        f"{_PREFIX} launcher: MPICH mpiexec (hydra {_mpich_version()}), its ssh launcher through "
+        f"{machine.rsh}, {per_host or 'default'} ranks per host; controller on host1",
+        file=sys.stderr,
+    )
+    print(
+        f"{_PREFIX} shared directory {machine.shared}; /tmp, /dev/shm and processes are each host's own",
+        file=sys.stderr,
+    )
+    print(f"{_PREFIX} host1$ {shlex.join(words)}", file=sys.stderr, flush=True)
+
+
+def _say_crossed(crossings: Crossings) -> None:
+    """The connections seen between hosts: the proof that the run did not stay on one."""
+    print(f"{_PREFIX} what crossed hosts (client -> server, TCP connections seen):", file=sys.stderr)
+    try:
+        crossed = crossings.lines() or ["nothing"]
+    except (KeyError, ValueError, TypeError) as exc:  # never let the summary cost the exit status
+        crossed = [f"could not say ({exc!r})"]
+    for line in crossed:
+        print(f"    {line}", file=sys.stderr)
 
 
 def _wait(child: subprocess.Popen[bytes], interrupted: list[int]) -> int:

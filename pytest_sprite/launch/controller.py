@@ -38,7 +38,6 @@ from ..plumbing.protocol import (
     Output,
     Progress,
     Report,
-    RunSpec,
     StacksTaken,
     Warning_,
 )
@@ -355,24 +354,13 @@ class Controller:
             around.before(run.test_dir)
         run.hosts = {rank: pool.agents[agent].host for rank, agent in enumerate(agents)}
         for rank, (agent, where) in enumerate(zip(agents, pool.placement(agents), strict=True)):
-            spec = RunSpec(
-                run_id=run.run_id,
-                nodeid=run.item.nodeid,
-                rank=rank,
-                world_size=run.n,
-                local_rank=where.local_rank,
-                local_size=where.local_size,
-                node=where.node,
-                device_index=where.device_index,
-                local_devices=list(where.local_devices),
-                master_addr=master,
-                master_port=port,
-                device=self.settings.device,
-                timeout=run.timeout,
-                basetemp=str(basetemp),
-                tmp_path=str(run.test_dir),
-                hypothesis_seed=self.hypothesis_seed,
-                collective_check=self.settings.collective_check,
+            spec = run.spec(
+                rank,
+                where,
+                rendezvous=(master, port),
+                basetemp=basetemp,
+                settings=self.settings,
+                seed=self.hypothesis_seed,
             )
             pool.send(agent, "run", spec)
 
@@ -507,16 +495,7 @@ class Controller:
 
     def on_child_exited(self, pool: AgentPool, run: _Run, rank: int, payload: ChildExited) -> None:
         """Emitted by an agent when the child ended, on its own or by ``abort``."""
-        end = RankEnd(
-            rank=rank,
-            exitcode=payload["exitcode"],
-            signal=payload["signal"],
-            ended_by=payload["ended_by"],
-            detail=payload["detail"],
-            output_tail=payload["output_tail"],
-            stacks=payload["stacks"],
-        )
-        run.ends[rank] = end
+        run.ends[rank] = RankEnd.of_exit(rank, payload)
         run.exited[rank] = monotonic()
         if rank in run.taking_stacks:  # it ended before its agent answered: nothing to wait for
             run.taking_stacks.discard(rank)

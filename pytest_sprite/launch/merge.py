@@ -7,7 +7,8 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,6 +62,13 @@ class RankEnd:
     """The last lines the child printed (uncaptured output, captured output of the running phase)."""
     stacks: str = ""
     """Python stacks of every thread at the moment it was ended (faulthandler)."""
+
+    @classmethod
+    def of_exit(cls, rank: int, payload: Mapping[str, Any]) -> RankEnd:
+        """Test rank ``rank``'s end, from its agent's ``child_exited`` frame (the frame's own rank is the agent's)."""
+        return cls(
+            rank=rank, **{f.name: payload[f.name] for f in dataclasses.fields(cls) if f.name != "rank"}
+        )
 
     @property
     def clean(self) -> bool:

@@ -16,7 +16,8 @@ import pytest
 
 from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec
 from ..glue.options import Settings
-from ..plumbing.protocol import EndedBy
+from ..plumbing.placement import Placement
+from ..plumbing.protocol import EndedBy, RunSpec
 from ..plumbing.timing import monotonic
 from .merge import RankEnd
 
@@ -197,3 +198,35 @@ class _Run:
             self.failed.append(rank)
         if self.first_failure is None:
             self.first_failure = monotonic()
+
+    def spec(
+        self,
+        rank: int,
+        where: Placement,
+        *,
+        rendezvous: tuple[str, int],
+        basetemp: Path,
+        settings: Settings,
+        seed: int | str,
+    ) -> RunSpec:
+        """What the agent of test rank ``rank`` hands its child: its seat, the rendezvous, the shared folders."""
+        assert self.test_dir is not None, "the test's directory is made before its ranks start"
+        return RunSpec(
+            run_id=self.run_id,
+            nodeid=self.item.nodeid,
+            rank=rank,
+            world_size=self.n,
+            local_rank=where.local_rank,
+            local_size=where.local_size,
+            node=where.node,
+            device_index=where.device_index,
+            local_devices=list(where.local_devices),
+            master_addr=rendezvous[0],
+            master_port=rendezvous[1],
+            device=settings.device,
+            timeout=self.timeout,
+            basetemp=str(basetemp),
+            tmp_path=str(self.test_dir),
+            hypothesis_seed=seed,
+            collective_check=settings.collective_check,
+        )

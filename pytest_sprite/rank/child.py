@@ -9,6 +9,7 @@ FSDP2 + Triton exit segfault).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import os
 import signal
@@ -246,20 +247,10 @@ def _prepare_item(item: pytest.Item, spec: RunSpec) -> None:
 
 
 def _seat(spec: RunSpec) -> Seat:
-    """Where this child sits in its test's world."""
-    return Seat(
-        rank=spec["rank"],
-        world_size=spec["world_size"],
-        local_rank=spec["local_rank"],
-        local_size=spec["local_size"],
-        node=spec["node"],
-        device_index=spec["device_index"],
-        local_devices=tuple(spec["local_devices"]),
-        master_addr=spec["master_addr"],
-        master_port=spec["master_port"],
-        device=spec["device"],
-        timeout=spec["timeout"],
-    )
+    """Where this child sits in its test's world: the spec's fields of a seat (a JSON list back to a tuple)."""
+    fields = cast("Mapping[str, Any]", spec)
+    seat = {f.name: fields[f.name] for f in dataclasses.fields(Seat)}
+    return Seat(**{**seat, "local_devices": tuple(seat["local_devices"])})
 
 
 def _send_uncaptured_output(config: pytest.Config, channel: _Channel, run_dir: Path) -> None:

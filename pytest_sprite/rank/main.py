@@ -46,12 +46,10 @@ def forked_agent_main(
     items: Mapping[str, pytest.Item],
     rank: int,
     world_size: int,
-    host: str,
-    port: int,
-    token: str,
+    controller: tuple[str, int, str],
     log_path: Path,
 ) -> NoReturn:
-    """Body of a locally forked agent; never returns."""
+    """Body of a locally forked agent; never returns. ``controller``: where it listens, and the session's token."""
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -59,6 +57,7 @@ def forked_agent_main(
         redirect_output(log_path)
         preimport_torch()
         _preimport_hypothesis(items)
+        host, port, token = controller
         sock = connect_to_controller(host, port)
         agent = Agent(config=config, items=items, rank=rank, sock=sock, rendezvous_bind="127.0.0.1")
         agent.say_ready(token=token, local_rank=rank, world_size=world_size)

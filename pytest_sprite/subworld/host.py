@@ -185,7 +185,11 @@ def run_subworld(
     world = current_world()
     if world is not None and world.distributed:
         return _run_in_ranks_test(world, fn, args, kwargs, ranks, kill, float(timeout))
-    return _run_in_plain_test(fn, args, kwargs, ranks, kill, float(timeout))
+    _refuse_initialized_device()
+    size = _check_ranks(ranks, None)
+    return run_plain_world(
+        fn, args, kwargs, size=size, kill=kill, timeout=float(timeout), forker=DirectForker()
+    )
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -221,20 +225,6 @@ def _refuse_initialized_device() -> None:
             )
 
 
-def _run_in_plain_test(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    ranks: int | None,
-    kill: KillPlan | None,
-    timeout: float,
-) -> SubworldResult:
-    _refuse_initialized_device()
-    return run_plain_world(
-        fn, args, kwargs, size=_check_ranks(ranks, None), kill=kill, timeout=timeout, forker=DirectForker()
-    )
-
-
 def run_plain_world(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -256,18 +246,8 @@ def run_plain_world(
     """
     start = monotonic()
     store = tcp_store("127.0.0.1", 0, is_master=True)
-    seats = [
-        dict(
-            rank=r,
-            world_size=size,
-            local_rank=r,
-            local_size=size,
-            node=0,
-            device_index=r,
-            local_devices=tuple(range(size)),
-        )
-        for r in range(size)
-    ]
+    layout = [(0, r) for r in range(size)]  # one node; rank r computes on device r
+    seats = [_subworld_place(layout, size, r) for r in range(size)]
     hosted, run_dir = _start(
         forker, fn, args, kwargs, seats, ("127.0.0.1", store.port), kill, timeout, "auto", join=join
     )

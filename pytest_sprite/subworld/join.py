@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.env.device import select_device
 from pytest_sprite.env.rank_variables import become_rank, torchrun_variables
+from pytest_sprite.plumbing.placement import Placement
 from pytest_sprite.world import World, _set_current
 
 if TYPE_CHECKING:
@@ -27,19 +28,11 @@ __all__ = ["Seat", "join_world", "tcp_store"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Seat:
-    """Where one rank sits in the world it joins."""
+class Seat(Placement):
+    """Where one rank sits in the world it joins: its placement on the world's nodes, and the world's rendezvous."""
 
     rank: int
     world_size: int
-    local_rank: int
-    """Rank among the world's ranks on its node (LOCAL_RANK)."""
-    local_size: int
-    node: int
-    device_index: int
-    """The device this rank computes on."""
-    local_devices: tuple[int, ...]
-    """The device indices of the world's ranks on this node, in local-rank order (``World.local_devices``)."""
     master_addr: str
     master_port: int
     device: str

@@ -74,14 +74,13 @@ def _agent_main(request: LaunchRequest, rank: int) -> NoReturn:
     from ...rank.main import forked_agent_main
 
     assert request.config is not None
+    controller = (request.controller_host, request.controller_port, request.token)
     forked_agent_main(
         config=request.config,
         items=request.items,
         rank=rank,
         world_size=request.world_size,
-        host=request.controller_host,
-        port=request.controller_port,
-        token=request.token,
+        controller=controller,
         log_path=request.log_path,
     )
 
