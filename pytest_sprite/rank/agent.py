@@ -365,11 +365,17 @@ class Agent:
     def _release_finished_child(self) -> None:
         """The child said it is done and is exiting with status 0: report that now, reap it later.
 
-        Tearing down a process that holds torch takes milliseconds the next test need not wait for.
+        Tearing down a process that holds torch takes milliseconds the next test need not wait for. A child
+        the harness was ending finished first (its collective broke when a peer was killed): the stacks
+        taken before the kill, and why it was being ended, are still its end's (lost at 48 ranks, issue 27).
         """
         child = self.child
         assert child is not None
-        self._child_ended(child, exitcode=0)
+        if child.ended_by is None:
+            self._child_ended(child, exitcode=0)
+        else:
+            stacks = self._stacks(child)
+            self._child_ended(child, exitcode=0, ended_by=child.ended_by, detail=child.detail, stacks=stacks)
 
     def _reap_exiting(self, *, block: bool = False) -> None:
         for pid in list(self.exiting):
@@ -423,10 +429,7 @@ class Agent:
             text = tail_of_file(child.run_dir / name, _TAIL_LINES, strip_harness=True)
             if text.strip():
                 tails.append(f"[{label}]\n{text}")
-        stacks_file = child.run_dir / "stacks.txt"
-        stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
-        if child.ended_by is not None and not stacks.strip():
-            stacks = no_stack_text(child.no_stack or "the dump was empty")
+        stacks = self._stacks(child)
         # A child that crashed or was ended could not end what it started; its session still holds it.
         # Its sub-world zygote is there too, ending with it: seen at 96 ranks as a leftover [pytest] (issue 27).
         ended = end_session_leftovers(child.pid, settle=_SETTLE)
@@ -440,6 +443,14 @@ class Agent:
             stacks=stacks,
             leftovers=describe_leftovers(self.rank, ended) if ended else "",
         )
+
+    def _stacks(self, child: _Child) -> str:
+        """The stacks the abort took (harness frames left out), or why there are none when it was ended."""
+        stacks_file = child.run_dir / "stacks.txt"
+        stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
+        if child.ended_by is not None and not stacks.strip():
+            stacks = no_stack_text(child.no_stack or "the dump was empty")
+        return stacks
 
     def _child_ended(self, child: _Child, **end: Any) -> None:
         """Report the end of ``child`` (with the next rendezvous port), clean up, and have a spare ready."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from _pytest.reports import TestReport
+from diagnosis_suite import SUITE
 
 from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
@@ -27,42 +28,6 @@ WAITING = f"""Current thread 0x00007f0000000001 (most recent call first):
 SLEEPING = """Current thread 0x00007f0000000002 (most recent call first):
   File "/src/test_x.py", line 11 in test_hang
   File "/venv/bin/pytest", line 8 in <module>
-"""
-
-# One ranks file for the end-to-end runs: a hang with one odd rank, a rank that returns without the
-# collective, and tests that pass, fail and crash; none of them starts a process.
-SUITE = """
-import os, signal, time
-import pytest
-import torch
-import torch.distributed as dist
-
-@pytest.mark.ranks("world", timeout=HANG_TIMEOUT)
-def test_hang(world):
-    if world.rank != 1:
-        dist.all_reduce(torch.ones(1))
-    else:
-        time.sleep(600)
-
-@pytest.mark.ranks("world")
-def test_leaver(world):
-    if world.rank == 1:
-        return
-    dist.all_reduce(torch.ones(1))
-
-@pytest.mark.ranks("world")
-def test_passes(world):
-    dist.all_reduce(torch.ones(1))
-
-@pytest.mark.ranks("world")
-def test_fails(world):
-    assert world.rank != 2, "rank 2 disagrees"
-
-@pytest.mark.ranks("world")
-def test_crashes(world):
-    if world.rank == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-    dist.all_reduce(torch.ones(1))
 """
 
 
