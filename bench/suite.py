@@ -28,6 +28,7 @@ VOLATILE = (
     "wall",
     "duration",
     "time",
+    "timing",
     "start",
     "stop",
     "source",
@@ -76,6 +77,19 @@ def verdicts(report: Path) -> dict[str, Any]:
     return {t["nodeid"]: comparable(t) for t in document.get("tests", [])}
 
 
+def first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where two report values first differ, as a key path with both values (shortened)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                return first_difference(a.get(key), b.get(key), f"{path}.{key}")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y:
+                return first_difference(x, y, f"{path}[{i}]")
+    return f"{path or '.'}: off {str(a)[:120]!r} / auto {str(b)[:120]!r}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4)
@@ -83,6 +97,7 @@ def main() -> int:
         "-k", dest="select", default=None, help="pytest -k expression (default: the whole suite)"
     )
     parser.add_argument("--order", default="off,auto", help="which session runs first (default off,auto)")
+    parser.add_argument("--keep", type=Path, default=None, help="run in this new folder and keep the reports")
     args = parser.parse_args()
     print(
         f"main job: pytest --pyargs pytest_sprite.suite --ranks={args.ranks}"
@@ -90,16 +105,17 @@ def main() -> int:
     )
     print(f"  machine: {os.uname().nodename}, {os.cpu_count()} cores, load average {os.getloadavg()} before")
     results: dict[str, dict[str, Any]] = {}
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)  # a new folder: never mix with (or overwrite) an earlier run's reports
     with tempfile.TemporaryDirectory(prefix="sprite-bench-suite-") as tmp:
+        if args.keep is not None:
+            tmp = str(args.keep.resolve())
         for mode in args.order.split(","):
             results[mode] = run(mode, args.ranks, Path(tmp), args.select)
         off, auto = results["off"], results["auto"]
-        same = verdicts(off["report"]) == verdicts(auto["report"])
-        differing = (
-            []
-            if same
-            else sorted(n for n, v in verdicts(off["report"]).items() if verdicts(auto["report"]).get(n) != v)
-        )
+        before, after = verdicts(off["report"]), verdicts(auto["report"])
+        same = before == after
+        differing = sorted(n for n, v in before.items() if after.get(n) != v)
     print(f"  load average {os.getloadavg()} after")
     for mode in ("off", "auto"):
         print(
@@ -110,6 +126,8 @@ def main() -> int:
         "  verdicts and figures: "
         + ("the same" if same else f"DIFFER in {len(differing)} tests: {differing[:5]}")
     )
+    for nodeid in differing[:3]:
+        print(f"    {nodeid}: first difference at {first_difference(before[nodeid], after.get(nodeid))}")
     return 0 if same and off["rc"] == auto["rc"] == 0 else 1
 
 
