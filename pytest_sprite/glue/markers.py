@@ -27,6 +27,7 @@ __all__ = [
     "ranks_spec_key",
     "remember_ranks_spec",
     "size_id",
+    "timeout_source_key",
     "world_sizes",
 ]
 
@@ -61,6 +62,10 @@ class RanksSpec:
 
 ranks_spec_key: Final = pytest.StashKey[RanksSpec]()
 """An item's parsed ``ranks`` marker (absent: an ordinary test), set by :func:`item_ranks_spec`."""
+timeout_source_key: Final = pytest.StashKey[str]()
+"""Who gave the item's ``ranks`` marker its ``timeout=``, in the words a timeout failure names it: a plugin
+that adds the marker sets it (``--torch-tests=ranks``: the torch test class's ``timeout``, or torch's
+``get_timeout``); absent: the user's own ``@pytest.mark.ranks(timeout=...)``."""
 _by_definition_key: Final = pytest.StashKey[dict[str, RanksSpec]]()
 """Specs parsed while generating tests, by the function definition's node id."""
 

@@ -1,7 +1,9 @@
 """The controller's reporting: one finished ranks test logged as pytest logs a test it ran.
 
 Split from :mod:`pytest_sprite.launch.controller`: the merged reports of every phase, the ranks' warnings
-folded over ranks into pytest's warnings summary, and the test's shared tmp_path pruned by its outcome.
+folded over ranks into pytest's warnings summary, and the test's shared tmp_path pruned by its outcome. A
+test that carried others (``AroundRanks.carried``: torch's class worlds) is followed by each of them, logged
+as its own test.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import warnings
 import pytest
 
 from ..errors import LeftoverProcessWarning
+from ..glue.around import CarriedTest, around_ranks_key
 from ..glue.results import keep_reported
 from ..glue.tmp_path import prune_test_dir
 from ..plumbing.ranges import fold_ranks
-from .merge import merge_rank_reports
+from .merge import RankEnd, merge_rank_reports
 from .runs import _Run
 
 __all__ = ["log_run", "log_warnings", "merge_run"]
@@ -40,6 +43,10 @@ def log_run(config: pytest.Config, run: _Run) -> None:
         ihook.pytest_runtest_logreport(report=report)
     log_warnings(config, run)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    for carried in _carried(run):
+        if item.session.shouldfail or item.session.shouldstop:
+            break  # -x / --maxfail: nothing is logged after the failure that stopped the session
+        _log_carried(run, carried)
     if run.test_dir is not None:
         call = [r for r in reports if r.when == "call"]
         prune_test_dir(config, run.test_dir, passed=call[0].passed if call else True)
@@ -63,6 +70,45 @@ def log_warnings(config: pytest.Config, run: _Run) -> None:
         )
 
 
+def _carried(run: _Run) -> list[CarriedTest]:
+    around = run.item.stash.get(around_ranks_key, None)
+    return list(around.carried()) if around is not None else []
+
+
+def _ends(run: _Run, per_rank: dict[int, list[pytest.TestReport]]) -> dict[int, RankEnd]:
+    """How each rank ended one test of a run that carried others: a rank whose reports of it end with its
+    teardown finished it (its child went on to the next); any other rank's end is its child's."""
+    ends = {}
+    for rank in range(run.n):
+        reports = per_rank.get(rank)
+        if reports and reports[-1].when == "teardown":
+            ends[rank] = RankEnd(rank=rank, exitcode=0)
+        elif rank in run.ends:
+            ends[rank] = run.ends[rank]
+    return ends
+
+
+def _log_carried(run: _Run, carried: CarriedTest) -> None:
+    """Log one test ``run`` carried, merged over its ranks, as its own test."""
+    item, ihook = carried.item, carried.item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for report in merge_rank_reports(
+        nodeid=item.nodeid,
+        location=item.location,
+        keywords={k: 1 for k in item.keywords},
+        per_rank=carried.reports,
+        ends=_ends(run, carried.reports),
+        world_size=run.n,
+        failure_order=run.failed,
+        hosts=run.hosts,
+        stacks_took=run.stacks_took,
+        woken=run.woken,
+    ):
+        keep_reported(item, report)
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
 def merge_run(run: _Run) -> list[pytest.TestReport]:
     """``run``'s per-rank reports merged into one per phase."""
     item = run.item
@@ -71,7 +117,7 @@ def merge_run(run: _Run) -> list[pytest.TestReport]:
         location=item.location,
         keywords={k: 1 for k in item.keywords},
         per_rank=run.reports,
-        ends=run.ends,
+        ends=_ends(run, run.reports) if _carried(run) else run.ends,
         world_size=run.n,
         failure_order=run.failed,
         hosts=run.hosts,

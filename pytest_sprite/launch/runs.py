@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec
+from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec, timeout_source_key
 from ..glue.options import Settings
 from ..plumbing.placement import Placement
 from ..plumbing.protocol import EndedBy, RunSpec
@@ -97,8 +97,8 @@ def item_timeout(item: pytest.Item, settings: Settings) -> tuple[float, str]:
     filled at this point, so ``ranks("world", timeout=8)`` used to run for the session's timeout (issue 27).
     """
     spec = item_ranks_spec(item)
-    if spec is not None and spec.timeout is not None:
-        return spec.timeout, "@pytest.mark.ranks(timeout=...)"
+    if spec is not None and spec.timeout is not None:  # a plugin that added the marker names its source
+        return spec.timeout, item.stash.get(timeout_source_key, "@pytest.mark.ranks(timeout=...)")
     return settings.timeout, settings.timeout_source
 
 

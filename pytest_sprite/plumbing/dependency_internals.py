@@ -22,6 +22,12 @@ __all__ = [
     "hypothesis_test_settings",
     "prewarm_hypothesis_patching",
     "replace_hypothesis_settings",
+    "torch_continuous_base",
+    "torch_continuous_in_process",
+    "torch_continuous_init",
+    "torch_continuous_run",
+    "torch_continuous_world_size",
+    "torch_multiprocess_in_process",
     "torch_multiprocess_module",
     "torch_required_world_size",
     "torch_run_rank",
@@ -177,3 +183,86 @@ def torch_run_rank(cls: Any, rank: int, test_name: str, file_name: str, pipe: An
     fake_pg=...)``; there is no public entry (torch 2.6 - 2.13). It ends with ``sys.exit`` or returns.
     """
     cls._run(rank, test_name, file_name, pipe, fake_pg=fake_pg)
+
+
+def torch_multiprocess_in_process(cls: Any, base: type) -> bool:
+    """True for a ``MultiProcessTestCase`` subclass whose tests torch runs in its own process, spawning none.
+
+    ``LocalDTensorTestBase`` (torch 2.9 - 2.13) overrides ``join_or_run`` to call the test in the parent
+    (with a ``LocalTensorMode`` for every rank) and ``_spawn_processes`` to do nothing; run per rank it
+    would mean something else. Fallback: False when the class has no ``join_or_run``.
+    """
+    own = getattr(cls, "join_or_run", None)
+    return own is not None and own is not getattr(base, "join_or_run", None)
+
+
+def torch_continuous_base() -> type | None:
+    """torch's ``MultiProcContinuousTest`` (one world per class), once a test module imported its module; else None.
+
+    Public name in torch's test-support module (torch 2.7 - 2.13). Fallback: None, and no class is taken
+    for a class-world test.
+    """
+    base = getattr(torch_multiprocess_module(), "MultiProcContinuousTest", None)
+    return base if isinstance(base, type) else None
+
+
+def torch_continuous_in_process(cls: Any, base: type) -> bool:
+    """True for a ``MultiProcContinuousTest`` subclass that runs its tests in torch's own process.
+
+    ``LocalDTensorContinuousTestBase`` (torch 2.10 - 2.13) overrides the private classmethod
+    ``_ensure_processes_spawned`` to make a fake group in the parent instead of spawning workers.
+    Fallback: False when the name is absent.
+    """
+    own = getattr(cls, "_ensure_processes_spawned", None)
+    theirs = getattr(base, "_ensure_processes_spawned", None)
+    return own is not None and getattr(own, "__func__", own) is not getattr(theirs, "__func__", theirs)
+
+
+def torch_continuous_world_size(cls: Any) -> int:
+    """The world size torch's ``MultiProcContinuousTest`` spawns for ``cls``, as its ``_ensure_processes_spawned``
+    decides it (torch 2.10 - 2.13): the class's ``device_type`` (a classmethod, a property read on the class,
+    or a string ``instantiate_device_type_tests`` set), then the private ``_get_world_size(device_type)``
+    (the class's ``world_size``; unset: the device count). Raises ``unittest.SkipTest`` as torch does: no
+    device, or a backend that is not available. Fallback without ``_get_world_size``: the class's ``world_size``.
+    """
+    import unittest
+
+    attr = cls.__dict__.get("device_type", getattr(cls, "device_type", None))
+    if isinstance(attr, classmethod):
+        device_type = attr.__func__(cls)
+    elif isinstance(attr, property):
+        device_type = attr.fget(cls) if attr.fget is not None else "cpu"
+    elif callable(attr):
+        device_type = attr()
+    else:
+        device_type = attr
+    get_world_size = getattr(cls, "_get_world_size", None)
+    size = int(get_world_size(device_type) if get_world_size is not None else cls.world_size)
+    backend_str = getattr(cls, "backend_str", None)
+    backend = backend_str() if callable(backend_str) else backend_str
+    if backend is not None:
+        import torch.distributed as dist
+
+        check = getattr(dist, f"is_{backend}_available", None)
+        if callable(check) and not check():
+            raise unittest.SkipTest(f"Backend '{backend}' is not available")
+    return size
+
+
+def torch_continuous_init(cls: Any, rank: int, world_size: int, rdvz_file: str) -> None:
+    """What a ``MultiProcContinuousTest`` worker does before its first test (``_worker_loop``, torch 2.7 - 2.13):
+    set the class's ``rank`` and ``world_size``, then the private classmethod ``_init_pg(rank, world_size,
+    rdvz_file)`` (subclasses override it: ``DTensorContinuousTestBase`` picks the device first). No public
+    entry. May raise ``SystemExit`` with one of torch's skip codes, as natively.
+    """
+    cls.rank = rank
+    cls.world_size = world_size
+    cls._init_pg(rank, world_size, rdvz_file)
+
+
+def torch_continuous_run(cls: Any, test_id: str) -> None:
+    """What a ``MultiProcContinuousTest`` worker does for each test it is sent: the private classmethod
+    ``_run_test_given_id(test_id)`` (a fresh instance with the class's rank and world size, torch's seed,
+    the method; torch 2.7 - 2.13). No public entry.
+    """
+    cls._run_test_given_id(test_id)

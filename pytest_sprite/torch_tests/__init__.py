@@ -15,8 +15,13 @@ torch's own runner runs it:
   ``skip_return_code_checks`` / ``special_return_code_checks``), applied to the ranks' reports before they
   are merged.
 
+A ``MultiProcContinuousTest`` class (``DTensorContinuousTestBase``) keeps one world for all its tests, as
+torch does: its first selected test carries the others, which its ranks run after it in the same processes
+(``classworld``: the grouping and the controller's side; ``classworld_rank``: the ranks' side).
+
 Modules: ``state`` (what the parent's side hands the ranks), ``collect`` (which items, on how many ranks),
-``parent``, ``rank``, ``verdict``. torch is imported only when the test modules already did.
+``parent``, ``rank``, ``verdict``, ``classworld``, ``classworld_rank``. torch is imported only when the test
+modules already did.
 """
 
 from __future__ import annotations

@@ -18,12 +18,13 @@ import signal
 import traceback
 import unittest
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import pytest
 
+from ..glue.around import CarriedTest
 from ..plumbing.process import die_with_parent, redirect_output
 from ..plumbing.timing import monotonic
 from .collect import TorchTest
@@ -96,6 +97,10 @@ class ParentSide:
             expected=int(self.checks.get("expected", 0)),
             teardown_error=teardown_error,
         )
+
+    def carried(self) -> Sequence[CarriedTest]:
+        """A ``MultiProcessTestCase`` test carries no other: each has a world of its own."""
+        return ()
 
     def _log(self) -> Path | None:
         return None if self.test_dir is None else self.test_dir / "parent.log"

@@ -24,10 +24,12 @@ from .collect import torch_test_key
 from .state import ParentState, read_state
 from .verdict import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR
 
-__all__ = ["TorchTestsRank", "exit_code"]
+__all__ = ["TorchTestsRank", "child_spec", "exit_code", "skip_messages"]
 
 _code_key: Final = pytest.StashKey[tuple[int, bool]]()
 """The rank's exit code and whether it is one of torch's skip codes, for its call report."""
+_carried_time_key: Final = pytest.StashKey[float]()
+"""Seconds a class world's first test spent, in its teardown, running the class's other tests."""
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -54,7 +56,27 @@ class TorchTestsRank:
             return  # not a torch test, or not in a test child (the controller runs a test it skips)
         item.setup = _nothing  # type: ignore[method-assign]
         item.teardown = _nothing  # type: ignore[method-assign]
-        item.runtest = lambda: run_rank(item)  # type: ignore[method-assign]
+        if item.stash[torch_test_key].kind == "continuous":
+            from .classworld_rank import run_continuous
+
+            item.runtest = lambda: run_continuous(item)  # type: ignore[method-assign]
+        else:
+            item.runtest = lambda: run_rank(item)  # type: ignore[method-assign]
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        """A class world's first test, once torn down: its children run the class's other tests."""
+        try:
+            return (yield)
+        finally:
+            from .classworld import group_key
+
+            group = item.stash.get(group_key, None)
+            child = item.config.pluginmanager.get_plugin("sprite-child")
+            if group is not None and item is group.carrier and len(group.items) > 1 and child is not None:
+                from .classworld_rank import run_followers
+
+                item.stash[_carried_time_key] = run_followers(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
@@ -63,6 +85,8 @@ class TorchTestsRank:
             code, skipped = item.stash[_code_key]
             setattr(report, CODE_ATTR, code)
             setattr(report, SKIPPED_ATTR, skipped)
+        if call.when == "teardown" and _carried_time_key in item.stash:  # its own teardown's time only
+            report.duration = max(0.0, report.duration - item.stash[_carried_time_key])
         return report
 
 
@@ -70,7 +94,8 @@ def _nothing() -> None:
     pass
 
 
-def _spec(item: pytest.Item) -> dict[str, Any]:
+def child_spec(item: pytest.Item) -> dict[str, Any]:
+    """The test child's ``RunSpec`` (its rank, world size, the test's directory)."""
     child = item.config.pluginmanager.get_plugin("sprite-child")
     if child is None:
         raise RuntimeError("a torch test on ranks runs only in a test child")
@@ -87,7 +112,7 @@ def run_rank(item: pytest.Item) -> None:
     """The call phase of one rank: torch's ``_run`` with its exit mapped to this rank's outcome."""
     __tracebackhide__ = True
     test = item.stash[torch_test_key]
-    spec = _spec(item)
+    spec = child_spec(item)
     rank = int(spec["rank"])
     state = read_state(Path(spec["tmp_path"]))
     if state.skipped is not None:
