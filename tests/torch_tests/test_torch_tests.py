@@ -30,6 +30,7 @@ SKIP = fnescape("SKIPPED [1] test_torch_suite.py:")
 SUITE = """
 import os
 import sys
+import time
 import unittest
 from pathlib import Path
 
@@ -114,6 +115,18 @@ class SkipInSetUp(MultiProcessTestCase):
         raise AssertionError("ran")
 
 
+class HangsPastItsTimeout(MultiProcessTestCase):
+    world_size = 2
+    timeout = 3  # seconds: the class's timeout is each test's on ranks
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_sleeps(self):
+        time.sleep(60)
+
+
 @pytest.mark.ranks(2, init=False)
 def test_own_group():
     assert not dist.is_initialized()
@@ -157,12 +170,13 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[pytest.RunResult, P
 
 def test_each_outcome_is_torchs(suite: tuple[pytest.RunResult, Path]) -> None:
     result, _ = suite
-    result.assert_outcomes(passed=4, failed=2, skipped=5)
+    result.assert_outcomes(passed=4, failed=3, skipped=5)
     out = result.stdout.str()
     result.stdout.fnmatch_lines_random(
         [
             "FAILED test_torch_suite.py::AllReduceTest::test_fails_on_rank1*",
             "FAILED test_torch_suite.py::AllReduceTest::test_rank0_exits_3*",
+            "FAILED test_torch_suite.py::HangsPastItsTimeout::test_sleeps*",
             SKIP + "*: decorated",
             SKIP + "*: Need at least 2 CUDA devices",
             SKIP + "*: Skipped due to odd world size.",
@@ -173,6 +187,12 @@ def test_each_outcome_is_torchs(suite: tuple[pytest.RunResult, Path]) -> None:
     assert "only rank 0 may pass" in out and "exited with error code 10 and exception" in out
     assert fnescape("Expected exit code 0 but got 3 on rank 0") in fnescape(out)
     assert "ValueError: invalid method signature" not in out  # the hypothesis preparation's old bug
+    # the timeout names where it came from, not a ranks marker the user never wrote
+    assert (
+        "after the 3s timeout (from HangsPastItsTimeout.timeout, the torch test class's timeout attribute)"
+        in out
+    )
+    assert "@pytest.mark.ranks(timeout=...)" not in out
 
 
 def test_teardown_runs_once_per_test_after_the_ranks(suite: tuple[pytest.RunResult, Path]) -> None:
