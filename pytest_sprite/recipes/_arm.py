@@ -25,6 +25,7 @@ from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
+    arm_record_fields,
     check_loss,
     data_parallel_part,
     fit_numerics,
@@ -208,16 +209,8 @@ def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
 def _record(plan: ArmPlan, *, trace: _Trace, per_rank: list[dict[str, Any]], device_type: str) -> ArmRecord:
     steps = plan.identity.steps
     return ArmRecord(
-        arm=plan.arm,
-        recipe=plan.identity,
-        world_size=len(per_rank),
-        device_type=device_type,
-        precision=plan.precision,
+        **arm_record_fields(plan, trace, ranks=len(per_rank), device_type=device_type),
         accumulate=plan.accumulate,
-        fault=plan.fault,
-        strategy=trace.strategy,
-        trainable_names=trace.trainable_names,
-        frozen_names=trace.frozen_names,
         pre_clip_norms=tuple(tuple(r["pre"][s] for r in per_rank) for s in range(steps)),
         post_clip_norms=tuple(tuple(r["post"][s] for r in per_rank) for s in range(steps)),
         rows_seen=tuple(tuple(tuple(r["rows"][s]) for r in per_rank) for s in range(steps)),

@@ -35,6 +35,7 @@ from pytest_sprite.recipes._planted import PlantedModule
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
+    arm_record_fields,
     check_loss,
     data_parallel_part,
     fit_numerics,
@@ -455,17 +456,9 @@ def _record(
             )
         )
     return Bf16ArmRecord(
-        arm=plan.arm,
-        recipe=plan.identity,
-        world_size=len(per_rank),
+        **arm_record_fields(plan, trace, ranks=len(per_rank), device_type=device_type),
         shards=plan.shards,
-        device_type=device_type,
-        precision=plan.precision,
         tf32=trace.tf32,
-        fault=plan.fault,
-        strategy=trace.strategy,
-        trainable_names=trace.trainable_names,
-        frozen_names=trace.frozen_names,
         linear_sites=tuple(sites.linear),
         initial_trainable=trace.initial,
         initial_digests=tuple(r["initial_digests"] for r in per_rank),

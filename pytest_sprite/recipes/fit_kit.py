@@ -40,6 +40,7 @@ __all__ = [
     "ArmRecipe",
     "HookedSGD",
     "IndexedRows",
+    "arm_record_fields",
     "check_loss",
     "collate_indexed",
     "data_parallel_part",
@@ -498,3 +499,18 @@ def share_from_rank0(
     per_rank = world.gather_object(dict(summary))
     values = world.broadcast_object(tuple(getattr(trace, name) for name in shared))
     return per_rank, dataclasses.replace(trace, **dict(zip(shared, values, strict=True)))  # type: ignore[type-var]
+
+
+def arm_record_fields(plan: Any, trace: Any, *, ranks: int, device_type: str) -> dict[str, Any]:
+    """What every arm's record says of the arm itself (FP32 and BF16 alike), from its plan and rank 0's trace."""
+    return {
+        "arm": plan.arm,
+        "recipe": plan.identity,
+        "world_size": ranks,
+        "device_type": device_type,
+        "precision": plan.precision,
+        "fault": plan.fault,
+        "strategy": trace.strategy,
+        "trainable_names": trace.trainable_names,
+        "frozen_names": trace.frozen_names,
+    }
