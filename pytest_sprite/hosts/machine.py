@@ -48,8 +48,16 @@ def cannot_make_hosts() -> str | None:
     for tool, package in (("ip", "iproute2"), ("unshare", "util-linux"), ("nsenter", "util-linux")):
         if shutil.which(tool) is None:
             return f"hosts need `{tool}` ({package}), which is not on PATH"
-    if shutil.which("mpiexec") is None:
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
         return "hosts launch the ranks with MPICH's mpiexec, which is not on PATH (pip install mpich)"
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if "HYDRA" not in version.stdout:  # another mpiexec ignores the hosts and the launcher-exec: one host
+        said = (version.stdout or version.stderr).strip().splitlines()[:1] or [f"status {version.returncode}"]
+        return (
+            f"hosts launch the ranks with MPICH's mpiexec (hydra), and {mpiexec} is not it ({said[0]}); "
+            f"put MPICH's first on PATH (pip install mpich)"
+        )
     probe = subprocess.run(
         ["unshare", "--net", "--uts", "--mount", "--pid", "--fork", "true"],
         capture_output=True,

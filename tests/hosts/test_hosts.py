@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sprite_testing import fnescape
@@ -144,6 +145,29 @@ def test_leaves_a_process_on_each_host(world):
     print(f"LEFT rank {world.rank} pid {proc.pid} on {socket.gethostname()}")
 """
 
+CHAOS = """
+import socket
+from functools import partial
+from pathlib import Path
+
+import pytest
+from pytest_sprite import assert_crash_consistent, crash_fn
+from pytest_sprite.chaos.protocols import train_rank0_rename
+
+def on_host2(names, event):
+    # a rank of host2 writing its part of a save (which rank makes the .tmp folder is a race: left out)
+    return names[event.rank] == "host2" and event.kind != "mkdir"
+
+@pytest.mark.ranks(4)
+def test_crash_matrix_across_hosts(world):
+    names = world.gather_object(socket.gethostname())
+    out = Path(__file__).parent / "chaos"  # the matrix's folder, which both hosts see
+    select = partial(on_host2, names)
+    m = assert_crash_consistent(crash_fn(train_rank0_rename), out_dir=out, select=select, tear="none")
+    assert m.ranks == 4 and m.passed
+    assert world.gather_object(m.summary()) == [m.summary()] * 4  # every rank judged the same matrix
+"""
+
 COLLECTED = """
 import pytest
 from pytest_sprite import collected
@@ -159,9 +183,10 @@ def pytest_runtest_protocol(item):
 
 @needs_hosts
 def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
-    """Everything a ranks session does, with the controller on host1 and the ranks on host1 and host2."""
+    """Everything a ranks session does, with the controller on host1 and the ranks on host1 and host2, a
+    crash matrix among it."""
     pytester.makeconftest(COLLECTED)
-    pytester.makepyfile(test_world=WORLD)
+    pytester.makepyfile(test_world=WORLD, test_chaos=CHAOS)
     result = hosts(
         pytester,
         "--collective-check",
@@ -170,7 +195,7 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
         options=("--delay", f"host2={SLOW}", "--host-env", "host2:RANK=0"),
     )
     assert result.ret == 0
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     err = result.stderr.str()
     assert "launcher: MPICH mpiexec" in err
     assert "2 ranks per host; controller on host1" in err
@@ -196,6 +221,23 @@ def test_a_ranks_session_across_two_hosts(pytester: pytest.Pytester) -> None:
     assert sorted(r["host"] for r in spans["ranks"]) == ["host1", "host1", "host2", "host2"]
     # host2 started its ranks SLOW seconds late: the first 2-rank test ran on host1's agents meanwhile
     assert [r["host"] for r in tests["test_packed_a"]["ranks"]] == ["host1", "host1"]
+    _check_crash_matrix(pytester, tests["test_crash_matrix_across_hosts"])
+
+
+def _check_crash_matrix(pytester: pytest.Pytester, test: dict[str, Any]) -> None:
+    """The crash matrix of a sound save protocol, crashed on host2's ranks: every row crashed there, and
+    every resume, across both hosts from what the crash left in the shared folder, came back as PASS."""
+    on_host2 = [rank for rank, r in enumerate(test["ranks"]) if r["host"] == "host2"]
+    assert len(on_host2) == 2, test["ranks"]
+    rows = json.loads((pytester.path / "chaos" / "matrix.json").read_text())["rows"]
+    points = [r for r in rows if r["event"] != "control"]
+    # each of host2's ranks writes its optimizer's part of both saves: a crash point each
+    assert sorted((r["rank"], r["file"], r["torn"]) for r in points) == sorted(
+        (rank, f"ckpt-{step}.tmp/optim-{rank}.pt", False) for rank in on_host2 for step in (2, 4)
+    )
+    assert {r["verdict"] for r in rows} == {"PASS"}, rows
+    # a point is "rank r's n-th event" of the fault-free run; r's first save is always reached
+    assert {r["rank"] for r in points if r["crashed"]} == set(on_host2), points
 
 
 @needs_hosts
@@ -410,3 +452,19 @@ def test_a_machine_that_cannot_make_hosts_says_why(
     assert result.ret == 6
     why = "hosts need `ip` (iproute2), which is not on PATH" if _WHY_NOT is None else _WHY_NOT
     assert result.stderr.lines == [f"pytest-sprite hosts: cannot make hosts on this machine: {why}"]
+
+
+@needs_hosts
+def test_an_mpiexec_that_is_not_mpichs_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another mpiexec first on PATH would ignore the hosts and the launcher-exec, running every rank on one
+    host: the machine says it cannot make hosts, naming that mpiexec."""
+    from pytest_sprite.hosts import machine
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.5'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert machine.cannot_make_hosts() == (
+        f"hosts launch the ranks with MPICH's mpiexec (hydra), and {fake} is not it (mpiexec (OpenRTE) 4.1.5); "
+        "put MPICH's first on PATH (pip install mpich)"
+    )
