@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PROTOCOLS",
+    "RACE_JITTER_S",
+    "RACE_WINDOW_S",
     "SAVE_EVERY",
     "STEPS",
     "train",
@@ -37,6 +41,10 @@ __all__ = [
 
 STEPS = 4
 SAVE_EVERY = 2
+RACE_JITTER_S = 0.03
+"""``shared_tmp``: the most a rank pauses, at random, before it checks the shared folder."""
+RACE_WINDOW_S = 0.005
+"""``shared_tmp``: seconds from a rank's check of the shared folder to its rename (the race window)."""
 Protocol = Literal["in_place", "tmp_rename"]
 PROTOCOLS: tuple[str, ...] = ("in_place", "tmp_rename")
 _FOLDER = re.compile(r"^ckpt-(\d+)$")
@@ -130,8 +138,12 @@ def train_shared_tmp(out_dir: str | os.PathLike[str]) -> dict[str, torch.Tensor]
     The shape of the temporary-folder save Hugging Face merged and reverted (#35580, #36076): each rank checks
     that the folder is complete and still there, then renames it, so when both pass the check before either
     renames, the loser's rename (or its check) raises ``FileNotFoundError``. A race: it fails only sometimes,
-    which is what ``flake=`` counts. Runs under torchrun's variables (``assert_crash_consistent(..., ranks=2)``)
-    or in a sub-world; gradients are averaged over ranks, rank 0 writes the model, every rank its optimizer.
+    which is what ``flake=`` counts. Each rank reaches its check at its own pace (a random pause of up to
+    :data:`RACE_JITTER_S`) and takes :data:`RACE_WINDOW_S` from the check to the rename, so the losing
+    interleaving comes in about half of the runs on any machine, not at the mercy of its scheduler (bare, it
+    came in 5-20% of the runs here, depending on the load). Runs under torchrun's variables
+    (``assert_crash_consistent(..., ranks=2)``) or in a sub-world; gradients are averaged over ranks, rank 0
+    writes the model, every rank its optimizer.
     """
     return _train_ranks(out_dir, installer="every_rank")
 
@@ -179,14 +191,22 @@ def _train_ranks(out_dir: str | os.PathLike[str], *, installer: str) -> dict[str
                 if installer == "rank0":
                     if rank == 0:
                         os.rename(tmp, final)
-                elif tmp.exists() and len(os.listdir(tmp)) == world + 2:  # every part is there: install it
-                    os.rename(tmp, final)
+                else:
+                    _install_unguarded(tmp, final, parts=world + 2)
                 dist.barrier()
                 note_save_complete(final.name)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
     finally:
         if own_group:
             dist.destroy_process_group()
+
+
+def _install_unguarded(tmp: Path, final: Path, *, parts: int) -> None:
+    """Every rank: when the shared folder is complete and still there, rename it into place (a check-then-act race)."""
+    time.sleep(random.SystemRandom().uniform(0.0, RACE_JITTER_S))  # not the forked, shared seed of random
+    if tmp.exists() and len(os.listdir(tmp)) == parts:  # every part is there: install it
+        time.sleep(RACE_WINDOW_S)
+        os.rename(tmp, final)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.env.rank_variables import become_rank
+from pytest_sprite.plumbing.collectives import TRANSPORT_ERROR
 from pytest_sprite.plumbing.process import exit_text, redirect_output
 from pytest_sprite.plumbing.timing import monotonic
 from pytest_sprite.subworld.plan import KillAt
@@ -81,12 +82,23 @@ class RunOutcome:
         return all(r.status == "returned" for r in self.ranks)
 
     def first_error(self) -> str | None:
-        """The first failure, lowest rank first, with the rank named when there are several."""
-        for r in self.ranks:
-            if r.status not in ("returned", "crashed"):
-                prefix = f"rank {r.rank}: " if len(self.ranks) > 1 else ""
-                return prefix + (r.error or r.status)
-        return None
+        """The failure that explains the run, with the rank named when there are several.
+
+        A rank's own error (it raised or died) comes first, then a timeout, then an error that only says its
+        transport broke under it (a peer failed first: the consequence, not the cause); lowest rank first.
+        """
+        failed = [r for r in self.ranks if r.status not in ("returned", "crashed")]
+        if not failed:
+            return None
+
+        def consequence(r: RankOutcome) -> int:
+            if TRANSPORT_ERROR.search(r.error or ""):
+                return 2
+            return 1 if r.status == "timeout" else 0
+
+        first = min(failed, key=lambda r: (consequence(r), r.rank))
+        prefix = f"rank {first.rank}: " if len(self.ranks) > 1 else ""
+        return prefix + (first.error or first.status)
 
     def value(self, rank: int = 0) -> Any:
         """What ``rank`` returned (raises when it did not return)."""

@@ -16,6 +16,7 @@ from typing import Final
 __all__ = [
     "NO_STACK",
     "STACK_WAIT",
+    "TRANSPORT_ERROR",
     "Frame",
     "Where",
     "called_name",
@@ -34,6 +35,13 @@ STACK_WAIT: Final = 15.0
 
 NO_STACK: Final = "sprite: no stack: "
 """What an ended rank's stacks hold, followed by the reason, when none could be taken."""
+
+TRANSPORT_ERROR: Final = re.compile(
+    r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe|ECONNRESET|EPIPE|"
+    r"Socket Timeout|Connection refused|gloo.*(?:connectFullMesh|read|write|recv|send)",
+    re.IGNORECASE,
+)
+"""What a rank's error says when its transport broke under it (gloo, the TCPStore), not its own fault."""
 
 _FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
 _FINGERPRINT: Final = re.compile(

@@ -398,6 +398,26 @@ def test_out_dir_that_exists_is_refused(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "mine") == ["keep.txt"]
 
 
+def test_a_failed_run_names_the_rank_whose_own_error_broke_its_peers() -> None:
+    """A rank that raised first ends its peers' collectives; their transport errors are the consequence."""
+    from pytest_sprite.chaos.runs import RankOutcome, RunOutcome
+
+    lost = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:45258"
+    cause = "FileNotFoundError: [Errno 2] No such file or directory: 'ckpt-2.tmp'"
+    hung = "still running after 120 s; killed"
+
+    def run(*ranks: tuple[Any, str]) -> RunOutcome:
+        outcomes = (RankOutcome(rank=r, status=s, error=e) for r, (s, e) in enumerate(ranks))
+        return RunOutcome(ranks=tuple(outcomes), wall_s=1.0)
+
+    assert run(("raised", lost), ("raised", cause)).first_error() == f"rank 1: {cause}"
+    assert run(("timeout", hung), ("raised", cause)).first_error() == f"rank 1: {cause}"
+    assert run(("raised", lost), ("timeout", hung)).first_error() == f"rank 1: {hung}"
+    assert run(("raised", lost), ("raised", lost)).first_error() == f"rank 0: {lost}"
+    assert run(("raised", cause), ("returned", "")).first_error() == f"rank 0: {cause}"
+    assert run(("returned", "")).first_error() is None
+
+
 def test_weight_diff() -> None:
     torch = pytest.importorskip("torch")
     a = {"w": torch.tensor([1.0, 2.0])}
