@@ -168,7 +168,7 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
             waiting=where if where.collective is not None else None,
         )
     if end.ended_by == "agent_lost":
-        return Place(rank=rank, text="its rank agent was lost")
+        return Place(rank=rank, text="lost with its rank agent")
     if end.ended_by == "agent_error":
         return Place(rank=rank, text="its rank agent could not run the test")
     if end.signal is not None or end.exitcode != 0 or not finished:
