@@ -131,6 +131,7 @@ class Host:
     port: int = 0
     """Where the host's daemon takes launches (the launcher-exec's ssh port)."""
     lost: bool = False
+    link_up: bool = True
 
 
 @dataclass(kw_only=True)
@@ -147,6 +148,8 @@ class Machine:
     log: IO[str] = field(default=sys.stderr)
     _token: str = field(default_factory=lambda: secrets.token_hex(16))
     _control: threading.Thread | None = None
+    _per_host: int | None = None
+    _hostfile_written: bool = False
 
     # -- names ------------------------------------------------------------------------------------
 
@@ -324,10 +327,25 @@ class Machine:
         self.rsh.chmod(0o700)
 
     def write_hostfile(self, per_host: int | None) -> Path:
-        """Hydra's host file: every host, with ``per_host`` slots when given."""
-        suffix = f":{per_host}" if per_host else ""
-        self.hostfile.write_text("".join(f"{h.name}{suffix}\n" for h in self.hosts))
+        """Hydra's host file: every host of the run that is left, with ``per_host`` slots when given.
+
+        A host lost or cut off leaves the file before the fault is made, as a scheduler drops a failed
+        node: a later launch (the session's fresh world after a lost agent) places every rank on the hosts
+        left, rather than racing its tests against its launch failing on the host it cannot reach.
+        """
+        self._per_host = per_host
+        self._hostfile_written = True
+        self._rewrite_hostfile()
         return self.hostfile
+
+    def _rewrite_hostfile(self) -> None:
+        if not self._hostfile_written:
+            return
+        suffix = f":{self._per_host}" if self._per_host else ""
+        left = [h for h in self.hosts if not h.lost and h.link_up]
+        staged = self.hostfile.with_suffix(".new")
+        staged.write_text("".join(f"{h.name}{suffix}\n" for h in left))
+        os.replace(staged, self.hostfile)  # a launch reading it sees the old list or the new, whole
 
     def _save_state(self) -> None:
         state = {
@@ -367,14 +385,28 @@ class Machine:
         """Lose ``name``: SIGKILL its process 1, which ends every process of the host at once."""
         host = self.host(name)
         host.lost = True
+        self._rewrite_hostfile()
         os.kill(host.pid, signal.SIGKILL)
-        return f"killed every process of {name}"
+        return f"killed every process of {name}{self._hosts_left()}"
 
     def set_link(self, name: str, up: bool) -> str:
         """Cut (or restore) ``name``'s link to the bridge."""
         host = self.host(name)
-        _ip("link", "set", host.veth, "up" if up else "down")
-        return f"{name}'s link {host.veth} is {'up' if up else 'down'}"
+        host.link_up = up
+        self._rewrite_hostfile()
+        try:
+            _ip("link", "set", host.veth, "up" if up else "down")
+        except RuntimeError:
+            host.link_up = not up
+            self._rewrite_hostfile()
+            raise
+        return f"{name}'s link {host.veth} is {'up' if up else 'down'}{self._hosts_left()}"
+
+    def _hosts_left(self) -> str:
+        if not self._hostfile_written:
+            return ""
+        left = [h.name for h in self.hosts if not h.lost and h.link_up]
+        return f"; later launches place their ranks on {', '.join(left) or 'no host'}"
 
     def _serve_control(self) -> None:
         """Answer ``kill HOST`` / ``link HOST down|up`` on the control socket (faults a test plants)."""

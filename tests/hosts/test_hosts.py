@@ -335,11 +335,9 @@ def _host2_ranks(pytester: pytest.Pytester) -> list[int]:
 @needs_hosts
 def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
     """Every process of host2 killed mid-collective: the test fails at once naming host2 and its ranks;
-    the session goes on with host1's agents and nothing is left on either host."""
+    the session goes on, its fresh world on host1 (the host left), and nothing is left on either host."""
     pytester.makepyfile(test_lost=LOST.format(fault="kill_host"))
-    started = time.monotonic()
     result = hosts(pytester, "--rank-timeout=60", "--sprite-report=report.json")
-    took = time.monotonic() - started
     result.assert_outcomes(failed=1, passed=1)
     lost = _host2_ranks(pytester)
     assert len(lost) == 2
@@ -351,9 +349,9 @@ def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
             ]
         )
     assert "by peer" in out  # what host1's ranks saw right away (gloo: connection reset / closed by peer)
-    assert "killed every process of host2" in result.stderr.str()
+    assert "after the 60s timeout" not in out  # at once: nobody waited for --rank-timeout
+    assert "killed every process of host2; later launches place their ranks on host1" in result.stderr.str()
     assert "(lost during the run: host2)" in result.stderr.str()
-    assert took < 120, took
 
 
 @needs_hosts
@@ -384,7 +382,8 @@ def test_a_basetemp_host2_cannot_see(pytester: pytest.Pytester) -> None:
 def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
     """host2's link down mid-collective: host1's ranks hang until --rank-timeout and are shown where they
     waited; host2's agents cannot be reached, so their ranks end as lost, naming host2; the next test runs
-    on host1's agents and the run removes everything."""
+    in the session's fresh world, on host1 only (the launch no longer lists the host it cannot reach, so
+    its tests never race a launch failing there), and the run removes everything."""
     pytester.makepyfile(test_lost=LOST.format(fault="cut_link"))
     result = hosts(pytester, "--rank-timeout=15", "--sprite-report=report.json")
     result.assert_outcomes(failed=1, passed=1)
@@ -397,7 +396,10 @@ def test_a_link_cut_mid_collective(pytester: pytest.Pytester) -> None:
                 f"*rank {rank}: its rank agent was lost during call (rank agent * on host2 did not end its child within*"
             ]
         )
-    assert "host2's link" in result.stderr.str() and "is down" in result.stderr.str()
+    result.stdout.fnmatch_lines(["*  ranks *: lost with its rank agent"])
+    assert re.search(
+        r"host2's link \S+ is down; later launches place their ranks on host1", result.stderr.str()
+    )
 
 
 @needs_hosts
