@@ -30,9 +30,6 @@ from .collect import case_id, torch_test_key
 
 __all__ = ["ClassGroup", "ClassWorld", "follower_protocol", "group_classes", "group_key", "poison_reason"]
 
-TOGETHER_DIST: Final = ("loadscope", "loadfile", "each")
-"""pytest-xdist's modes that hand a class's tests to one worker, in order; with the others each test is alone."""
-
 
 @dataclass(eq=False)
 class ClassGroup:
@@ -58,11 +55,10 @@ def poison_reason(item: pytest.Item) -> str:
 
 
 def together(config: pytest.Config) -> bool:
-    """Whether a class's tests share one world: always, but in a pytest-xdist worker whose mode may split a
-    class over workers (``load``, ``worksteal``): there each test gets a world of its own."""
-    if not hasattr(config, "workerinput"):
-        return True
-    return config.getoption("dist", None) in TOGETHER_DIST
+    """Whether a class's tests share one world: always, but in a pytest-xdist worker, where each test gets a
+    world of its own. A worker accepts a test's reports only while that test's own protocol runs, and the
+    tests of a class world are logged together, with the first."""
+    return not hasattr(config, "workerinput")
 
 
 def group_classes(items: list[pytest.Item], *, controller: bool, config: pytest.Config) -> None:
