@@ -99,6 +99,19 @@ class SkipTestInWorker(Gloo):
         self.run_here()
 
 
+class CrashMidClass(Gloo):
+    def test_a_passes(self):
+        self.run_here()
+
+    def test_b_rank1_dies(self):  # the class's world ends: this test fails, the rest is skipped
+        self.run_here()
+        if self.rank == 1:
+            os._exit(1)
+
+    def test_c_after_the_crash(self):
+        self.run_here()
+
+
 class OtherWorld(Gloo):
     def test_own_group(self):
         self.run_here()
@@ -119,6 +132,9 @@ EXPECTED = {
     "OneWorld::test_e_after_the_failure": "skipped",
     "SkipTestInWorker::test_a_skiptest": "failed",
     "SkipTestInWorker::test_b_next": "skipped",
+    "CrashMidClass::test_a_passes": "passed",
+    "CrashMidClass::test_b_rank1_dies": "failed",
+    "CrashMidClass::test_c_after_the_crash": "skipped",
     "OtherWorld::test_decorated": "skipped",
     "OtherWorld::test_own_group": "passed",
 }
@@ -158,19 +174,22 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[pytest.RunResult, P
 def test_each_outcome_is_torchs(ranks: tuple[pytest.RunResult, Path]) -> None:
     result, _ = ranks
     assert _outcomes(result) == EXPECTED, result.stdout.str()
-    result.assert_outcomes(passed=3, failed=2, skipped=4)
+    result.assert_outcomes(passed=4, failed=3, skipped=5)
     result.stdout.fnmatch_lines_random(
         [
             SKIP + "*: Need at least 2 CUDA devices",
             SKIP
             + "*: Previous test failed, skipping test_class_worlds_suite.OneWorld.test_e_after_the_failure",
             SKIP + "*: Previous test failed, skipping test_class_worlds_suite.SkipTestInWorker.test_b_next",
+            SKIP
+            + "*: Previous test failed, skipping test_class_worlds_suite.CrashMidClass.test_c_after_the_crash",
             SKIP + "*: decorated",
         ]
     )
     out = result.stdout.str()
     assert "only rank 0 may pass" in out
     assert "Exception in worker process" in out and "a worker's SkipTest" in out
+    assert "rank 1 exited with code 1 during call before reporting its result" in out  # the crash, named
 
 
 def test_one_group_per_class_and_the_tests_in_its_processes(ranks: tuple[pytest.RunResult, Path]) -> None:
@@ -178,7 +197,9 @@ def test_one_group_per_class_and_the_tests_in_its_processes(ranks: tuple[pytest.
     lines = [line.split() for line in log.read_text().splitlines()]
     inits = {(words[1], int(words[2])): words[3] for words in lines if words[0] == "init"}
     assert sorted(inits) == [
-        (cls, rank) for cls in ("OneWorld", "OtherWorld", "SkipTestInWorker") for rank in (0, 1)
+        (cls, rank)
+        for cls in ("CrashMidClass", "OneWorld", "OtherWorld", "SkipTestInWorker")
+        for rank in (0, 1)
     ]
     ran: dict[tuple[str, int], set[str]] = defaultdict(set)
     names: dict[str, set[str]] = defaultdict(set)
