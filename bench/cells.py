@@ -243,7 +243,11 @@ def run_cell(cell: Cell, workdir: Path, timeout: float, tree: Path | None = None
     if exitcode not in (0, None):
         sys.stderr.write(log.read_text(errors="replace")[-3000:])
     if exitcode is None:
-        return {**record, "status": "not run", "reason": f"stopped after {timeout / 60:.0f} min (--timeout)"}
+        reason = f"stopped after {timeout / 60:.0f} min (--timeout)"
+        if report.exists():  # an interrupted session still writes its report: what had passed by then
+            passed = sum(t["outcome"] == "passed" for t in json.loads(report.read_text()).get("tests", []))
+            reason += f", {passed} of {expected_tests(cell)} tests passed by then"
+        return {**record, "status": "not run", "reason": reason}
     if not report.exists():
         tail = log.read_text(errors="replace")[-3000:]
         return {
@@ -414,8 +418,10 @@ not run with pytest-sprite yet, so the seed's column is the seed's own run (Qwen
 
 Read the "here" column as "the same checks pass at the same world size"; the figures are not the seed's
 magnitudes (another model, CPU kernels, gloo). Wall time and memory are this machine's: 2 cores shared by every
-rank (and, on a shared machine, by other work: the load average is given with each cell). Peak PSS is the summed
-proportional set size of the session's processes, sampled every 10 s (forked ranks share their pages).
+rank (and, on a shared machine, by other work: the load average is given with each cell; above 2, the times are a
+loaded machine's, an order of magnitude at best). Peak PSS is the summed proportional set size of the session's
+processes, sampled every 10 s (forked ranks share their pages; a shorter peak between samples is missed). A cell
+stopped at `--timeout` (20 minutes by default) is listed as not run here, with the reason.
 """
 
 

@@ -229,7 +229,8 @@ def cell_rows(cells: list[Cell], records: dict[str, dict[str, Any]]) -> list[lis
         if r is None:
             here, wall, memory, when = "not run", "-", "-", "-"
         elif r["status"] != "measured":
-            here, wall, memory, when = f"not run here: {r['reason']}", f"{r['wall_s']:.0f}", "-", r["date"]
+            here, wall, when = f"not run here: {r['reason']}", f"{r['wall_s']:.0f}", r["date"]
+            memory = f"{r['peak_pss_gb']:.1f}"  # measured until it was stopped
         else:
             here, wall, when = r["result"], f"{r['wall_s']:.0f}", r["date"]
             memory = f"{r['peak_pss_gb']:.1f}"

@@ -201,7 +201,7 @@ def test_the_page_puts_this_machines_figures_beside_the_seeds(cells: ModuleType)
         in text
     )
     assert (
-        "| X2C32 | resume | 2 Aurora nodes, 24 tiles, Max 1550 | 24 | pass; 12 faults rejected | not run here: stopped after 20 min (--timeout) | 95 | - |"
+        "| X2C32 | resume | 2 Aurora nodes, 24 tiles, Max 1550 | 24 | pass; 12 faults rejected | not run here: stopped after 20 min (--timeout) | 95 | 2.3 |"
         in text
     )
     assert (
