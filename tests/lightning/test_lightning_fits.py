@@ -10,8 +10,8 @@ one-device run's step-k batch, and the distributed arms can be compared with the
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -564,31 +564,38 @@ def test_a_ddp_checkpoint_of_a_partly_frozen_model_resumes_under_fsdp2(world: An
 # the process after a fit
 
 
-def run_forked(fn: Callable[[], None]) -> str:
-    """Run ``fn`` in a forked child (fresh process state, no harness); '' on success, else its traceback."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(read_fd)
-        message = ""
-        try:
-            fn()
-        except BaseException:
-            message = traceback.format_exc()
-        os.write(write_fd, (message or "ok").encode())
-        os._exit(0)
-    os.close(write_fd)
-    chunks = []
-    while chunk := os.read(read_fd, 65536):
-        chunks.append(chunk)
-    os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
-    text = b"".join(chunks).decode()
-    assert os.waitstatus_to_exitcode(status) == 0, f"forked child died: status {status}\n{text}"
-    return "" if text == "ok" else text
+def run_fresh(fn_name: str, *args: str) -> str:
+    """This module's ``fn_name(*args)`` in a new interpreter with no launcher's or MPI's variables; its output.
+
+    Not a fork of this process: with nothing launching it, Lightning's MPIEnvironment detection imports
+    ``mpi4py.MPI``, and MPI initialized in a fork of a pytest process whose earlier tests had started threads
+    hung in a futex (seen once the tests ran in package order).
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH and not k.startswith(_MPI_PREFIXES)}
+    here = Path(__file__)
+    code = f"import sys; sys.path.insert(0, {str(here.parent)!r}); import {here.stem} as m; m.{fn_name}(*sys.argv[1:])"
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, (
+        f"{fn_name} failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done.stdout
 
 
 _LAUNCH = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK", "GROUP_RANK")
+_MPI_PREFIXES = (
+    "PMI_",
+    "PMIX_",
+    "HYDRA_",
+    "HYDI_",
+    "MPI_",
+    "MPICH_",
+    "OMPI_",
+    "PALS_",
+    "SLURM_",
+    "TORCHELASTIC_",
+)
 
 
 @pytest.fixture
@@ -604,14 +611,16 @@ def test_an_in_process_fit_leaves_the_environment_and_process_group_as_found(
 ) -> None:
     """Lightning leaves LOCAL_RANK & co. and its process group behind; a second Trainer would then misread."""
 
-    def two_fits_in_one_process() -> None:
-        for kind in ("ddp", "fsdp"):
-            module = Classifier()
-            trainer = make_trainer(kind, 1, tmp_path / kind, limit_train_batches=1)
-            trainer.fit(module, loader(kind, 1, 0))
-            assert module.steps == 1
-            left = {name: os.environ[name] for name in _LAUNCH if name in os.environ}
-            assert left == {}, f"{kind} left {left}"
-            assert not dist.is_initialized(), f"{kind} left its process group initialized"
+    run_fresh("two_fits_in_one_process", str(tmp_path))
 
-    assert run_forked(two_fits_in_one_process) == ""
+
+def two_fits_in_one_process(root: str) -> None:
+    """A ddp and then an fsdp fit in one process that nothing launched (run by ``run_fresh``)."""
+    for kind in ("ddp", "fsdp"):
+        module = Classifier()
+        trainer = make_trainer(kind, 1, Path(root) / kind, limit_train_batches=1)
+        trainer.fit(module, loader(kind, 1, 0))
+        assert module.steps == 1
+        left = {name: os.environ[name] for name in _LAUNCH if name in os.environ}
+        assert left == {}, f"{kind} left {left}"
+        assert not dist.is_initialized(), f"{kind} left its process group initialized"
