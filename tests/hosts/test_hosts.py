@@ -338,7 +338,19 @@ def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
     the session goes on, its fresh world on host1 (the host left), and nothing is left on either host."""
     pytester.makepyfile(test_lost=LOST.format(fault="kill_host"))
     result = hosts(pytester, "--rank-timeout=60", "--sprite-report=report.json")
-    result.assert_outcomes(failed=1, passed=1)
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("failed"), outcomes.get("passed")) == (1, 1), outcomes
+    # MPICH's mpiexec ends its whole launch once host2's daemon is gone, host1's agents too. When that lands
+    # while the failed test tears down, host1's ranks are reported lost there as well: one teardown error of
+    # the same test, naming host1 (seen at load 30). Either way, nothing else.
+    if outcomes.get("errors", 0):
+        assert outcomes["errors"] == 1, outcomes
+        result.stdout.fnmatch_lines(
+            [
+                "*ERROR at teardown of test_host2_goes*",
+                "*its rank agent was lost during teardown (the connection to rank agent * closed; it ran on host1)*",
+            ]
+        )
     lost = _host2_ranks(pytester)
     assert len(lost) == 2
     out = result.stdout.str()
