@@ -17,7 +17,14 @@ from typing import Any, Final
 
 from pytest import TestReport
 
-from ..plumbing.collectives import Where, called_name, missing_stack, normalize_stacks, whereabouts
+from ..plumbing.collectives import (
+    TRANSPORT_ERROR,
+    Where,
+    called_name,
+    missing_stack,
+    normalize_stacks,
+    whereabouts,
+)
 from ..plumbing.ranges import fold_ranks
 
 __all__ = [
@@ -36,13 +43,6 @@ __all__ = [
 
 ROLL_CALL_PLACES: Final = 7
 """Places listed one a line; further ones are summed up in one more line (a roll call stays within 10 lines)."""
-
-TRANSPORT_ERROR: Final = re.compile(
-    r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe|ECONNRESET|EPIPE|"
-    r"Socket Timeout|Connection refused|gloo.*(?:connectFullMesh|read|write|recv|send)",
-    re.IGNORECASE,
-)
-"""What a rank's error says when its transport broke under it (gloo, the TCPStore), not its own fault."""
 
 
 @dataclass(frozen=True, kw_only=True)
