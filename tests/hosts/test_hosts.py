@@ -342,7 +342,7 @@ def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
     assert (outcomes.get("failed"), outcomes.get("passed")) == (1, 1), outcomes
     # MPICH's mpiexec ends its whole launch once host2's daemon is gone, host1's agents too. When that lands
     # while the failed test tears down, host1's ranks are reported lost there as well: one teardown error of
-    # the same test, naming host1 (seen at load 30). Either way, nothing else.
+    # the same test, naming host1 (seen at load 30). Otherwise none.
     if outcomes.get("errors", 0):
         assert outcomes["errors"] == 1, outcomes
         result.stdout.fnmatch_lines(
@@ -360,7 +360,14 @@ def test_a_whole_host_lost_mid_test(pytester: pytest.Pytester) -> None:
                 f"*rank {rank}: its rank agent was lost during call (the connection to rank agent * closed; it ran on host2)*"
             ]
         )
-    assert "by peer" in out  # what host1's ranks saw right away (gloo: connection reset / closed by peer)
+    # host1's ranks either saw their peers go right away (gloo: connection reset / closed by peer), or went
+    # with their agents when mpiexec ended the whole launch (seen on a quiet machine): a race with MPICH's
+    # teardown, not the harness's; each is named either way.
+    host1 = sorted(set(range(4)) - set(lost))
+    went = [f"rank {r}: its rank agent was lost during" in out for r in host1]
+    assert "by peer" in out or all(went), out[-3000:]
+    if all(went):
+        assert out.count("it ran on host1") >= len(host1)
     assert "after the 60s timeout" not in out  # at once: nobody waited for --rank-timeout
     assert "killed every process of host2; later launches place their ranks on host1" in result.stderr.str()
     assert "(lost during the run: host2)" in result.stderr.str()
