@@ -16,11 +16,10 @@ from pytest import TestReport
 
 from ..glue.pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
 from ..glue.results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
-from ..plumbing.collectives import waiting_collective
+from ..plumbing.collectives import TRANSPORT_ERROR, waiting_collective
 from ..plumbing.protocol import EndedBy
 from ..plumbing.ranges import fold_ranks
 from .rollcall import (
-    TRANSPORT_ERROR,
     Place,
     cause_sentence,
     failure_text,

@@ -29,7 +29,6 @@ from ..plumbing.ranges import fold_ranks
 
 __all__ = [
     "ROLL_CALL_PLACES",
-    "TRANSPORT_ERROR",
     "Place",
     "cause_sentence",
     "collective_of_failure",
