@@ -105,6 +105,7 @@ class AgentSessionPlugin:
             os._exit(3)
         preimport_torch()
         _preimport_hypothesis(self.items)
+        self.config.hook.pytest_sprite_before_fork(config=self.config, items=list(self.items.values()))
         sock = connect_to_controller(self.host, self.port)
         agent = Agent(config=self.config, items=self.items, rank=info.rank, sock=sock)
         agent.say_ready(

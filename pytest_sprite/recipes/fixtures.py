@@ -6,7 +6,7 @@ so loading it costs nothing in the controller.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from pytest_sprite.recipes.lora_qwen import LoraQwen
     from pytest_sprite.world import World
 
-__all__ = ["lora_qwen", "xpu_mesh"]
+__all__ = ["lora_qwen", "pytest_sprite_before_fork", "xpu_mesh"]
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -26,6 +26,18 @@ def _setting(config: pytest.Config, name: str) -> Any:
     from pytest_sprite.glue.options import settings_key
 
     return getattr(config.stash[settings_key], name)
+
+
+def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item]) -> None:
+    """Build the ``lora_qwen`` model once where the ranks are forked from, when a collected test uses it.
+
+    Each test child (and each test's sub-world zygote) would otherwise build it again: 0.3-0.7 s of a
+    2-core machine per rank of every test, the main job's largest fixed cost (issue 22).
+    """
+    if any("lora_qwen" in getattr(item, "fixturenames", ()) for item in items):
+        from pytest_sprite.recipes.lora_qwen import LoraQwen
+
+        LoraQwen(qwen_path=_setting(config, "qwen_path")).model.warm()
 
 
 @pytest.fixture

@@ -101,6 +101,9 @@ class LocalLauncher:
             )
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
         preimport_torch()
+        # What many tests need alike, loaded once here: every agent, test child and zygote copies it.
+        config = request.config
+        config.hook.pytest_sprite_before_fork(config=config, items=list(request.items.values()))
         # Freeze the collected heap (torch's included) out of the cyclic collector: agents and their
         # children then share it copy-on-write instead of copying every page a collection touches,
         # and the controller's own end-of-session collections skip it.

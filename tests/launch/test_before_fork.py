@@ -1,0 +1,78 @@
+"""``pytest_sprite_before_fork``: loaded once where the ranks are forked from, inherited by every test child.
+
+The hook runs in the controller before the local launcher forks its agents, so what it loads is already in
+each test child (a fork) without being built there; ``lora_qwen`` builds its model there only when a
+collected test uses the fixture (issue 22).
+"""
+
+from __future__ import annotations
+
+import pytest
+from sprite_testing import run_pytest
+
+pytestmark = pytest.mark.cpu
+
+CONFTEST = """
+import os
+
+CALLS = []
+
+
+def pytest_sprite_before_fork(config, items):
+    CALLS.append((os.getpid(), sorted(item.name for item in items)))
+"""
+
+TEST = """
+import os
+
+import pytest
+
+import conftest
+
+
+@pytest.mark.ranks(2)
+@pytest.mark.parametrize("i", range(2))
+def test_inherits_what_the_hook_loaded(world, i):
+    assert len(conftest.CALLS) == 1, conftest.CALLS  # once for the session, not once per test or rank
+    pid, names = conftest.CALLS[0]
+    assert pid != os.getpid() and pid != os.getppid()  # the controller, forked twice over (agent, child)
+    assert names == [f"test_inherits_what_the_hook_loaded[{j}]" for j in range(2)] + ["test_plain"]
+
+
+def test_plain():
+    assert len(conftest.CALLS) == 1 and conftest.CALLS[0][0] == os.getpid()  # the controller ran it
+"""
+
+
+def test_the_hook_runs_once_in_the_controller_before_the_forks(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_hook=TEST)
+    result = run_pytest(pytester, "--sprite-device=cpu", timeout=180)
+    result.assert_outcomes(passed=3)
+
+
+LORA_TEST = """
+import pytest
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+from pytest_sprite.recipes import _model
+
+
+@pytest.mark.ranks(2)
+def test_model_already_built(world{fixture}):
+    assert _model._PRISTINE.keys() == {expected}
+"""
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [(", lora_qwen", "{(0, None)}"), ("", "set()")],
+    ids=["uses-lora_qwen", "does-not"],
+)
+def test_lora_qwen_model_is_built_before_the_fork_only_when_used(
+    pytester: pytest.Pytester, fixture: str, expected: str
+) -> None:
+    pytester.makepyfile(test_lora=LORA_TEST.format(fixture=fixture, expected=expected))
+    result = run_pytest(pytester, "--sprite-device=cpu", timeout=240)
+    result.assert_outcomes(passed=1)
