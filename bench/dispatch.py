@@ -10,10 +10,11 @@ The same 20 trivial 2-rank tests (one all_reduce each) run four ways:
 The sprite session also runs with ``--collective-check`` (an extra fingerprint collective before each
 collective), with ``--pack=off``, and with tests that use a feature (each writes to ``tmp_path``; each
 starts a 2-rank sub-world), so what a feature costs shows on the tests that use it and nowhere else. It
-prints the marginal cost of one more sprite test (a 21-test session minus a 1-test session, over 20)
+prints the marginal cost of one more sprite test (a session of ``--marginal-tests`` tests, default 61, minus a
+1-test session, over the difference: over 20 tests the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed and with ``--pack=off``. Sessions are the median of ``--runs`` runs
 (default 3); the cold spawns and the floor run once. The load average is printed before and after: on a
-shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3]``.
+shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
 """
 
 from __future__ import annotations
@@ -176,14 +177,22 @@ def main() -> None:
     )
     parser.add_argument("--tests", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3, help="median of this many runs of each session")
+    parser.add_argument(
+        "--marginal-tests",
+        type=int,
+        default=61,
+        help="the long session of the marginal cost (minus a 1-test one)",
+    )
     args = parser.parse_args()
-    n, runs = args.tests, args.runs
+    n, runs, m = args.tests, args.runs, args.marginal_tests
+    if m < 2:
+        parser.error(f"--marginal-tests must be at least 2, not {m}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     work = Path(tempfile.mkdtemp(prefix="sprite-bench-"))
     for name, text, count in (
         ("sprite_n", SPRITE_TEST, n),
         ("sprite_1", SPRITE_TEST, 1),
-        ("sprite_n1", SPRITE_TEST, n + 1),
+        ("sprite_n1", SPRITE_TEST, m),
         ("sprite_tmp_path", TMP_PATH_TEST, n),
         ("sprite_subworld", SUBWORLD_TEST, n),
     ):
@@ -221,8 +230,8 @@ def main() -> None:
     pair(worker, n, env)
     results["floor"] = time.perf_counter() - start
 
-    marginal = (results["sprite_n1"] - results["sprite_1"]) / n
-    marginal_off = (results["sprite_n1_off"] - results["sprite_1_off"]) / n
+    marginal = (results["sprite_n1"] - results["sprite_1"]) / (m - 1)
+    marginal_off = (results["sprite_n1_off"] - results["sprite_1_off"]) / (m - 1)
     cold_one = results["cold"] / n
 
     def share(cost: float) -> str:
@@ -241,7 +250,7 @@ def main() -> None:
         (f"torch MultiProcContinuousTest, {n} tests (warm, shared)", results["mpct"]),
         (f"cold spawn per test, {n} tests", results["cold"]),
         (f"floor: one pool, {n} all_reduces", results["floor"]),
-        ("pytest-sprite marginal cost of one more test", marginal),
+        (f"pytest-sprite marginal cost of one more test ({m} tests - 1, over {m - 1})", marginal),
         ("  the same with --pack=off", marginal_off),
         ("  tmp_path, per test that uses it", (results["sprite_tmp_path"] - results["sprite"]) / n),
         (
