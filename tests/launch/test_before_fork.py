@@ -7,6 +7,8 @@ collected test uses the fixture (issue 22).
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from sprite_testing import run_pytest
 
@@ -49,6 +51,43 @@ def test_the_hook_runs_once_in_the_controller_before_the_forks(pytester: pytest.
     pytester.makepyfile(test_hook=TEST)
     result = run_pytest(pytester, "--sprite-device=cpu", timeout=180)
     result.assert_outcomes(passed=3)
+
+
+LAUNCHED_TEST = """
+import os
+
+import pytest
+
+import conftest
+
+
+@pytest.mark.ranks(2)
+def test_its_agent_ran_the_hook(world):
+    assert len(conftest.CALLS) == 1, conftest.CALLS  # once in this rank's agent
+    assert conftest.CALLS[0][0] == os.getppid()  # the agent, which forked this child
+    assert conftest.CALLS[0][1] == ["test_its_agent_ran_the_hook", "test_the_controller_did_not"]
+
+
+def test_the_controller_did_not():
+    assert conftest.CALLS == []  # it forks no rank: the launcher started the agents
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("mpiexec") is None, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
+)
+def test_a_launched_agent_runs_the_hook_itself(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
+
+    for names in LAUNCHER_VARIABLES.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_hook=LAUNCHED_TEST)
+    result = run_pytest(pytester, "--sprite-device=cpu", "--launcher=mpiexec", "--ranks=2", timeout=240)
+    result.assert_outcomes(passed=2)
 
 
 LORA_TEST = """
