@@ -32,12 +32,18 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     """Build the ``lora_qwen`` model once where the ranks are forked from, when a collected test uses it.
 
     Each test child (and each test's sub-world zygote) would otherwise build it again: 0.3-0.7 s of a
-    2-core machine per rank of every test, the main job's largest fixed cost (issue 22).
+    2-core machine per rank of every test, the main job's largest fixed cost (issue 22). A build that
+    fails here (a ``--qwen-path`` without weights) is left to the tests that use the fixture, which
+    report it; every other test runs as before.
     """
-    if any("lora_qwen" in getattr(item, "fixturenames", ()) for item in items):
-        from pytest_sprite.recipes.lora_qwen import LoraQwen
+    if not any("lora_qwen" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    from pytest_sprite.recipes.lora_qwen import LoraQwen
 
+    try:
         LoraQwen(qwen_path=_setting(config, "qwen_path")).model.warm()
+    except Exception:
+        pass
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ collected test uses the fixture (issue 22).
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from sprite_testing import run_pytest
@@ -115,3 +116,31 @@ def test_lora_qwen_model_is_built_before_the_fork_only_when_used(
     pytester.makepyfile(test_lora=LORA_TEST.format(fixture=fixture, expected=expected))
     result = run_pytest(pytester, "--sprite-device=cpu", timeout=240)
     result.assert_outcomes(passed=1)
+
+
+BAD_PATH_TEST = """
+import pytest
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+
+@pytest.mark.ranks(2)
+def test_uses_the_model(world, lora_qwen):
+    lora_qwen.run("ddp")
+
+
+@pytest.mark.ranks(2)
+def test_does_not(world):
+    assert world.size == 2
+"""
+
+
+def test_a_model_that_cannot_be_built_is_reported_by_the_tests_that_use_it(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(test_bad=BAD_PATH_TEST)
+    missing = tmp_path / "no-model-here"
+    result = run_pytest(pytester, "--sprite-device=cpu", f"--qwen-path={missing}", timeout=240)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*is not a model directory (no config.json)*"])
