@@ -7,7 +7,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import run_pytest
+from sprite_testing import clear_rank_variables, run_pytest
 
 pytest.importorskip("hypothesis")
 
@@ -31,12 +31,7 @@ LAUNCHERS = [
 @pytest.fixture(autouse=True)
 def environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "240")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
-
-    for names in LAUNCHER_VARIABLES.values():
-        for name in names:
-            monkeypatch.delenv(name, raising=False)
+    clear_rank_variables(monkeypatch)
 
 
 run = partial(run_pytest, timeout=TIMEOUT, flags=("--connect-timeout=60",))

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sprite_testing import run_pytest
+from sprite_testing import clear_rank_variables, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -80,11 +80,7 @@ def test_the_controller_did_not():
 def test_a_launched_agent_runs_the_hook_itself(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
-
-    for names in LAUNCHER_VARIABLES.values():
-        for name in names:
-            monkeypatch.delenv(name, raising=False)
+    clear_rank_variables(monkeypatch)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_hook=LAUNCHED_TEST)
     result = run_pytest(pytester, "--sprite-device=cpu", "--launcher=mpiexec", "--ranks=2", timeout=240)

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import run_pytest
+from sprite_testing import clear_rank_variables, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -139,17 +139,6 @@ STALE = {
         "OMPI_COMM_WORLD_RANK": "0",
     },
 }
-
-
-def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES
-
-    for names in LAUNCHER_VARIABLES.values():
-        for name in names:
-            monkeypatch.delenv(name, raising=False)
-    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "PBS_JOBID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 run = partial(run_pytest, timeout=TIMEOUT, flags=("-v",))
