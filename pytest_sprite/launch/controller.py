@@ -14,6 +14,7 @@ between starts, as before. ``--pack=off`` keeps pytest's own loop and runs one r
 
 from __future__ import annotations
 
+import contextlib
 import queue
 from typing import Any, Final
 
@@ -27,6 +28,7 @@ from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
 from ..glue.tmp_path import make_test_dir
 from ..plumbing.collectives import STACK_WAIT
+from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
     AGENT_EVENTS,
     AgentError,
@@ -122,6 +124,7 @@ class Controller:
             return True
         n = self._ranks_size(item)
         if n is None:
+            note_tests_ran_here()
             return None
         self.run_alone(item, nextitem, n)
         return True
@@ -142,6 +145,11 @@ class Controller:
         self.items = {item.nodeid: item for item in items}
         if not any(self._ranks_size(item) for item in items):
             self.close_early()  # nothing selected runs on the world: free its cores for the tests that run
+        elif self.settings.launcher == "local" and not self.config.option.collectonly:
+            # Fork the agents before a test computes here: a fork cannot use the OpenMP thread pool a
+            # test may start (computing_before_fork). A failed launch is reported by the first ranks test.
+            with contextlib.suppress(Exception):
+                self.ensure_scheduler()
 
     @staticmethod
     def _ranks_size(item: pytest.Item) -> int | None:

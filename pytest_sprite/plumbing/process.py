@@ -16,19 +16,24 @@ import importlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
     "LATE_IMPORTS",
+    "computing_before_fork",
     "die_with_parent",
     "exit_text",
     "install_stack_dumps",
+    "note_tests_ran_here",
     "one_thread_after_fork",
     "preimport_torch",
     "prewarm_fit",
     "prewarm_training",
     "redirect_output",
+    "tests_ran_here",
     "wait_status",
 ]
 
@@ -97,6 +102,42 @@ def prewarm_fit() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+
+
+_RAN_TESTS_HERE = False
+
+
+def note_tests_ran_here() -> None:
+    """Called before this process runs a test itself: from now on it may hold OpenMP's thread pool."""
+    global _RAN_TESTS_HERE
+    _RAN_TESTS_HERE = True
+
+
+def tests_ran_here() -> bool:
+    """True once :func:`note_tests_ran_here` was called: a fork of this process must keep to one thread."""
+    return _RAN_TESTS_HERE
+
+
+@contextmanager
+def computing_before_fork() -> Iterator[None]:
+    """Compute on one CPU thread inside, in a process that forks ranks afterwards (restored on the way out).
+
+    GNU OpenMP (torch's CPU wheels) does not survive a fork: once a process has run a parallel region on
+    more than one thread, a child forked from it that runs one on more than one thread waits forever for
+    threads that were not copied (a 1-rank role's first matmul, under Lightning's thread count, hung so).
+    A region on one thread starts no pool, so what the controller's ``pytest_sprite_before_fork`` and a
+    sub-world zygote's preparation compute leaves their forks free to choose their own thread counts.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def one_thread_after_fork() -> None:

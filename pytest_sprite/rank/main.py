@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import pytest
 
 from ..errors import SpriteError
-from ..plumbing.process import preimport_torch, redirect_output
+from ..plumbing.process import computing_before_fork, preimport_torch, redirect_output
 from .agent import Agent, connect_to_controller
 
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
@@ -105,7 +105,8 @@ class AgentSessionPlugin:
             os._exit(3)
         preimport_torch()
         _preimport_hypothesis(self.items)
-        self.config.hook.pytest_sprite_before_fork(config=self.config, items=list(self.items.values()))
+        with computing_before_fork():
+            self.config.hook.pytest_sprite_before_fork(config=self.config, items=list(self.items.values()))
         sock = connect_to_controller(self.host, self.port)
         agent = Agent(config=self.config, items=self.items, rank=info.rank, sock=sock)
         agent.say_ready(

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, Protocol
 
-from pytest_sprite.plumbing.process import die_with_parent, one_thread_after_fork
+from pytest_sprite.plumbing.process import computing_before_fork, die_with_parent, one_thread_after_fork
 from pytest_sprite.plumbing.protocol import (
     forked,
     read_zygote_news,
@@ -277,7 +277,8 @@ def _prepare(request: bytes | tuple[Any, ...]) -> None:
         _spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request
         prepare = getattr(fn, "subworld_prepare", None)
         if callable(prepare):
-            prepare(*args, **kwargs)
+            with computing_before_fork():
+                prepare(*args, **kwargs)
     except Exception:
         pass
 

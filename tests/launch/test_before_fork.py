@@ -140,3 +140,30 @@ def test_a_model_that_cannot_be_built_is_reported_by_the_tests_that_use_it(
     result = run_pytest(pytester, "--sprite-device=cpu", f"--qwen-path={missing}", timeout=240)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*is not a model directory (no config.json)*"])
+
+
+def test_agents_forked_after_a_test_computed_here_can_still_use_threads(pytester: pytest.Pytester) -> None:
+    """A plain test before the first ranks test runs matmuls on two threads in the controller; the ranks
+    test's child then does too. GNU OpenMP's pool does not survive a fork, so agents forked after that
+    plain test would hang their children: they are forked when collection ends instead."""
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch
+
+        def matmuls():
+            torch.set_num_threads(2)
+            a = torch.randn(512, 512)
+            for _ in range(20):
+                a = (a @ a).tanh()
+
+        def test_a_plain_test_computes_here():
+            matmuls()
+
+        @pytest.mark.ranks(1)
+        def test_then_a_rank_computes_on_two_threads(world):
+            matmuls()
+        """
+    )
+    result = run_pytest(pytester, "--ranks=1", "--rank-timeout=60", timeout=240)
+    result.assert_outcomes(passed=2)

@@ -13,7 +13,12 @@ import warnings
 from typing import NoReturn
 
 from ...plumbing.output import tail_of_file
-from ...plumbing.process import preimport_torch
+from ...plumbing.process import (
+    computing_before_fork,
+    one_thread_after_fork,
+    preimport_torch,
+    tests_ran_here,
+)
 from ...plumbing.timing import monotonic, sleep
 from .base import LaunchHandle, LaunchRequest
 
@@ -67,10 +72,17 @@ class _ForkedAgents:
                 break
 
 
-def _agent_main(request: LaunchRequest, rank: int) -> NoReturn:
-    """Body of the forked agent of ``rank``: close the controller's descriptors, then serve; never returns."""
+def _agent_main(request: LaunchRequest, rank: int, one_thread: bool) -> NoReturn:
+    """Body of the forked agent of ``rank``: close the controller's descriptors, then serve; never returns.
+
+    ``one_thread``: the controller ran tests before this launch (a pool replaced after a lost agent, or a
+    launch that failed at collection's end), so it may hold OpenMP's thread pool, which a fork cannot use:
+    this agent and everything it forks run torch's CPU ops on one thread (see ``computing_before_fork``).
+    """
     for fd in request.close_in_agent:
         os.close(fd)
+    if one_thread:
+        one_thread_after_fork()
     from ...rank.main import forked_agent_main
 
     assert request.config is not None
@@ -103,11 +115,13 @@ class LocalLauncher:
         preimport_torch()
         # What many tests need alike, loaded once here: every agent, test child and zygote copies it.
         config = request.config
-        config.hook.pytest_sprite_before_fork(config=config, items=list(request.items.values()))
+        with computing_before_fork():
+            config.hook.pytest_sprite_before_fork(config=config, items=list(request.items.values()))
         # Freeze the collected heap (torch's included) out of the cyclic collector: agents and their
         # children then share it copy-on-write instead of copying every page a collection touches,
         # and the controller's own end-of-session collections skip it.
         gc.freeze()
+        one_thread = tests_ran_here()
         pids = []
         for rank in range(request.world_size):
             with warnings.catch_warnings():
@@ -119,7 +133,7 @@ class LocalLauncher:
             if pid == 0:
                 try:
                     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the controller, which ends the agents
-                    _agent_main(request, rank)
+                    _agent_main(request, rank, one_thread)
                 finally:
                     os._exit(1)
             pids.append(pid)
