@@ -74,3 +74,11 @@ def _pytester_sessions_without_hypothesis(request: pytest.FixtureRequest) -> Non
     request.getfixturevalue("pytester")
     monkeypatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the warm interpreter the project's own pytest sessions fork from, when a collected test runs one."""
+    if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
+        from sprite_testing import start_warm_python
+
+        start_warm_python()

@@ -3,9 +3,75 @@ look like a process no launcher started."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+
+WARM_SCRIPT = Path(__file__).with_name("warm_python.py")
+_WARM_START_S = 300.0
+"""Seconds the warm interpreter may take to import its libraries (9 s on the 2-core CI machine)."""
+
+
+class _Warm:
+    """The warm interpreter of this test process (``warm_python.py``), started once, waited for on first use."""
+
+    process: subprocess.Popen[bytes] | None = None
+    path = ""
+    log = ""
+
+
+def start_warm_python() -> None:
+    """Start this process's warm interpreter in the background (its imports overlap the first tests).
+
+    ``SPRITE_TEST_WARM=0`` leaves it off: every session then starts a fresh interpreter.
+    """
+    if _Warm.process is not None or os.environ.get("SPRITE_TEST_WARM", "1") == "0":
+        return
+    from warm_python import STARTUP_ENV
+
+    home = tempfile.mkdtemp(prefix="sprite-warm-")
+    _Warm.path, _Warm.log = os.path.join(home, "socket"), os.path.join(home, "log")
+    env = {k: v for k, v in os.environ.items() if k not in STARTUP_ENV}
+    with open(_Warm.log, "wb") as log:
+        _Warm.process = subprocess.Popen(
+            [sys.executable, str(WARM_SCRIPT), "serve", _Warm.path],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C at the terminal ends the test process; it follows
+        )
+    atexit.register(_stop_warm_python)
+
+
+def _stop_warm_python() -> None:
+    if _Warm.process is not None and _Warm.process.poll() is None:
+        _Warm.process.kill()
+        _Warm.process.wait()
+
+
+def _warm_socket() -> str | None:
+    """The warm interpreter's socket once it is serving; None when it is off."""
+    start_warm_python()
+    process = _Warm.process
+    if process is None:
+        return None
+    deadline = time.monotonic() + _WARM_START_S
+    while not os.path.exists(_Warm.path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the warm interpreter (tests/warm_python.py) did not start; its output:\n"
+                f"{Path(_Warm.log).read_text(errors='replace')}\nSPRITE_TEST_WARM=0 runs every session cold"
+            )
+        time.sleep(0.05)
+    return _Warm.path
 
 
 def fnescape(text: str) -> str:
@@ -14,14 +80,43 @@ def fnescape(text: str) -> str:
 
 
 def run_pytest(
-    pytester: pytest.Pytester, *args: str, timeout: float, flags: Sequence[str] = ()
+    pytester: pytest.Pytester,
+    *args: str,
+    timeout: float,
+    flags: Sequence[str] = (),
+    fresh: bool = False,
+    cache: bool = False,
 ) -> pytest.RunResult:
     """A pytest session in a subprocess of the pytester folder (a ranks session needs its own process).
 
-    The cache provider stays off: it would write ``.pytest_cache`` into the folder the assertions read.
-    ``flags`` come before ``args`` (a file's usual ``-v``), so a test's own arguments win.
+    It is ``runpytest_subprocess``, forked from this process's warm interpreter (``warm_python.py``: torch and
+    the training libraries already imported) unless ``fresh`` asks for a fresh ``python -m pytest`` (a test
+    of what a fresh interpreter imports). The cache provider stays off unless ``cache`` (a test of ``--lf``):
+    it would write ``.pytest_cache`` into the folder the assertions read. ``flags`` come before ``args`` (a file's usual ``-v``), so a test's own
+    arguments win.
     """
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *flags, *args, timeout=timeout)
+    argv = (*(() if cache else ("-p", "no:cacheprovider")), *flags, *args)
+    server = None if fresh else _warm_socket()
+    if server is None:
+        return pytester.runpytest_subprocess(*argv, timeout=timeout)
+    basetemp = tempfile.mkdtemp(prefix="runpytest-", dir=pytester.path)
+    plugins: list[str] = []
+    for plugin in pytester.plugins:
+        if not isinstance(plugin, str):
+            raise ValueError(f"a pytester session in a subprocess takes plugins by name, not {plugin!r}")
+        plugins += ["-p", plugin]
+    return pytester.run(
+        sys.executable,
+        "-I",
+        "-S",
+        str(WARM_SCRIPT),
+        "client",
+        server,
+        *plugins,
+        f"--basetemp={basetemp}",
+        *argv,
+        timeout=timeout,
+    )
 
 
 def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:

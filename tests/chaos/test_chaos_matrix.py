@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sprite_testing import run_pytest
 
 from pytest_sprite import (
     CrashConsistencyError,
@@ -254,7 +255,7 @@ def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
             assert m.kind == "crash_consistency" and m.passed
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result = run_pytest(pytester, timeout=300)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [

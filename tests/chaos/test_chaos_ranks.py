@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -32,7 +33,7 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
             assert world.gather_object(m.summary()) == [m.summary()] * 2  # the same matrix on every rank
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=TIMEOUT)
+    result = run_pytest(pytester, timeout=TIMEOUT)
     result.assert_outcomes(passed=1)
     stored = json.loads((pytester.path / "chaos" / "matrix.json").read_text())
     rows = stored["rows"]

@@ -386,11 +386,11 @@ def test_exitfirst_keyword_and_last_failed_behave_as_in_pytest(pytester: pytest.
             pass
         """
     )
-    first = pytester.runpytest_subprocess("-x", timeout=TIMEOUT)
+    first = run_pytest(pytester, "-x", timeout=TIMEOUT, cache=True)
     first.assert_outcomes(failed=1)
-    only_b = pytester.runpytest_subprocess("-k", "b_passes", timeout=TIMEOUT)
+    only_b = run_pytest(pytester, "-k", "b_passes", timeout=TIMEOUT, cache=True)
     only_b.assert_outcomes(passed=1, deselected=1)
-    last_failed = pytester.runpytest_subprocess("--lf", "-v", timeout=TIMEOUT)
+    last_failed = run_pytest(pytester, "--lf", "-v", timeout=TIMEOUT, cache=True)
     last_failed.assert_outcomes(failed=1)
     assert "test_b_passes" not in last_failed.stdout.str()
 
@@ -427,8 +427,8 @@ def test_disabling_the_plugin_runs_tests_as_plain_pytest(pytester: pytest.Pytest
             assert not dist.is_initialized()
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT
+    result = run_pytest(
+        pytester, "-p", "no:sprite", "-W", "ignore::pytest.PytestUnknownMarkWarning", timeout=TIMEOUT
     )
     result.assert_outcomes(passed=1)
 

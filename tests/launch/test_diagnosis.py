@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from _pytest.reports import TestReport
 from diagnosis_suite import SUITE
+from sprite_testing import run_pytest
 
 from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
@@ -213,9 +214,7 @@ def test_a_child_keeps_its_stack_dump_when_a_library_resets_the_signal(tmp_path:
 
 def run_suite(pytester: pytest.Pytester, ranks: int, hang_timeout: int, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test_suite=SUITE.replace("HANG_TIMEOUT", str(hang_timeout)))
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--ranks={ranks}", "--rank-grace=3", *args, timeout=TIMEOUT * (ranks // 4)
-    )
+    return run_pytest(pytester, f"--ranks={ranks}", "--rank-grace=3", *args, timeout=TIMEOUT * (ranks // 4))
 
 
 def check_suite(result: pytest.RunResult, ranks: int, hang_timeout: int) -> None:

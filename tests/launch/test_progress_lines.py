@@ -7,6 +7,7 @@ arm; they now show only with ``-v``, where each test has a line of its own.
 from __future__ import annotations
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -26,7 +27,7 @@ def test_plain():
 
 def test_the_default_output_is_pytests_own_line_of_dots(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_arms=BODY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=2", "--pack=off")
+    result = run_pytest(pytester, "--ranks=2", "--pack=off", timeout=300)
     result.assert_outcomes(passed=4)
     assert "[sprite] test_arms.py" not in result.stdout.str()
     result.stdout.fnmatch_lines(["test_arms.py .... *[[]100%[]]"])
@@ -34,7 +35,7 @@ def test_the_default_output_is_pytests_own_line_of_dots(pytester: pytest.Pyteste
 
 def test_verbose_output_shows_each_progress_line(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_arms=BODY)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=2", "--pack=off", "-v")
+    result = run_pytest(pytester, "--ranks=2", "--pack=off", "-v", timeout=300)
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines_random(
         [

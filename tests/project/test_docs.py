@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -114,9 +115,7 @@ def write_examples(pytester: pytest.Pytester, chosen: list[Example]) -> None:
 
 
 def run_session(pytester: pytest.Pytester, timeout: float, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--ranks=4", "--sprite-device=cpu", "-rfE", *args, timeout=timeout
-    )
+    return run_pytest(pytester, "--ranks=4", "--sprite-device=cpu", "-rfE", *args, timeout=timeout)
 
 
 def assert_all_passed(result: pytest.RunResult, expected: int) -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -73,7 +74,7 @@ def test_a_collect_only_session_starts_no_agents(pytester: pytest.Pytester) -> N
             pass
         """
     )
-    result = pytester.runpytest_subprocess("--co", "-q", timeout=120)
+    result = run_pytest(pytester, "--co", "-q", timeout=120, fresh=True)
     result.stdout.fnmatch_lines(["*test_x*", "*1 test collected*"])
     assert result.ret == 0
 
@@ -98,5 +99,5 @@ def test_a_local_ranks_session_leaves_the_rank_side_out_of_the_controller(pytest
             assert world.size == 2
         """
     )
-    result = pytester.runpytest_subprocess("-s", "-p", "no:cacheprovider", timeout=300)
+    result = run_pytest(pytester, "-s", timeout=300, fresh=True)
     result.stdout.fnmatch_lines(["*controller-rank-modules=[[][]]*", "*1 passed*"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sprite_testing import run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -90,7 +91,7 @@ def test_sub_worlds_inside_ranks_tests(pytester: pytest.Pytester) -> None:
             assert [v[:3] for v in run_subworld(where, args=(2.0,), ranks=2).values()] == [(0, 2, 5.0), (1, 2, 5.0)]
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=4", "-v", timeout=TIMEOUT)
+    result = run_pytest(pytester, "--ranks=4", "-v", timeout=TIMEOUT)
     result.assert_outcomes(passed=6)
 
 
@@ -122,7 +123,7 @@ def test_what_sub_world_ranks_leave_running_is_ended_and_named(pytester: pytest.
             pass
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--ranks=2", timeout=TIMEOUT)
+    result = run_pytest(pytester, "--ranks=2", timeout=TIMEOUT)
     result.assert_outcomes(passed=2, warnings=2)
     text = result.stdout.str()
     assert text.count("left 1 process running after the test") == 2
