@@ -12,7 +12,8 @@ collective), with ``--pack=off``, and with tests that use a feature (each writes
 starts a 2-rank sub-world), so what a feature costs shows on the tests that use it and nowhere else. It
 prints the marginal cost of one more sprite test (a session of ``--marginal-tests`` tests, default 61, minus a
 1-test session, over the difference: over 20 tests the figure moved by 20 ms between two quiet runs)
-against one cold spawn, packed and with ``--pack=off``. Sessions are the median of ``--runs`` runs
+against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
+forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs
 (default 3); the cold spawns and the floor run once. The load average is printed before and after: on a
 shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
 """
@@ -215,6 +216,10 @@ def main() -> None:
         for name in ("sprite_n", "sprite_1", "sprite_n1"):
             results[name + suffix] = median_of(runs, [*sprite_argv, *extra, name], work, only_sprite)
     results["sprite"] = results["sprite_n"]
+    # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.
+    small_pages = dict(only_sprite, SPRITE_HUGE_PAGES="0")
+    for name in ("sprite_1", "sprite_n1"):
+        results[name + "_4k"] = median_of(runs, [*sprite_argv, name], work, small_pages)
     results["sprite_tmp_path"] = median_of(runs, [*sprite_argv, "sprite_tmp_path"], work, only_sprite)
     results["sprite_subworld"] = median_of(runs, [*sprite_argv, "sprite_subworld"], work, only_sprite)
     results["sprite_all_plugins"] = median_of(runs, [*pytest_argv, "sprite_n"], work, env)
@@ -232,6 +237,7 @@ def main() -> None:
 
     marginal = (results["sprite_n1"] - results["sprite_1"]) / (m - 1)
     marginal_off = (results["sprite_n1_off"] - results["sprite_1_off"]) / (m - 1)
+    marginal_4k = (results["sprite_n1_4k"] - results["sprite_1_4k"]) / (m - 1)
     cold_one = results["cold"] / n
 
     def share(cost: float) -> str:
@@ -252,6 +258,7 @@ def main() -> None:
         (f"floor: one pool, {n} all_reduces", results["floor"]),
         (f"pytest-sprite marginal cost of one more test ({m} tests - 1, over {m - 1})", marginal),
         ("  the same with --pack=off", marginal_off),
+        ("  the same with SPRITE_HUGE_PAGES=0 (4 KiB pages)", marginal_4k),
         ("  tmp_path, per test that uses it", (results["sprite_tmp_path"] - results["sprite"]) / n),
         (
             "  a 2-rank sub-world, per test that starts one",
@@ -278,6 +285,7 @@ def main() -> None:
     )
     print(f"sprite marginal / cold spawn:               {share(marginal)}   (target <= 1/60)")
     print(f"  with --pack=off:                          {share(marginal_off)}   (target <= 1/60)")
+    print(f"  with SPRITE_HUGE_PAGES=0:                 {share(marginal_4k)}")
     print(f"sprite / floor:                             {results['sprite'] / results['floor']:.2f}")
 
 

@@ -104,6 +104,49 @@ def prewarm_fit() -> None:
             pass
 
 
+MADV_COLLAPSE = 25
+"""Linux 6.1: back a range with huge pages now (``madvise(2)``)."""
+_HUGE_PAGE = 2 << 20
+_COLLAPSED = False
+
+
+def collapse_heap_once() -> int:
+    """Back this process's private anonymous memory with 2 MiB pages, once per line of forks.
+
+    A fork copies one page-table entry per 4 KiB page its parent holds, and a child tears as many down
+    when it exits: a process that imported torch and Lightning forked in 17.6-20 ms on the 2-core test
+    machine, and in 3.6-4.7 ms once its heap was collapsed (one entry per 2 MiB). Called where the
+    ranks are forked from: the controller before it forks local agents (which then share its huge
+    pages: collapsing in each agent would copy the heap once per agent), a launched agent before it
+    forks its children. Its forks inherit the flag and do not collapse again. Returns the bytes
+    collapsed; 0 where Linux cannot (before 6.1, huge pages off) or when ``SPRITE_HUGE_PAGES=0``.
+    """
+    global _COLLAPSED
+    if _COLLAPSED or os.environ.get("SPRITE_HUGE_PAGES", "1") == "0":
+        return 0
+    _COLLAPSED = True
+    try:
+        import ctypes
+
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as maps:
+            lines = maps.read().splitlines()
+    except (OSError, AttributeError):
+        return 0
+    collapsed = 0
+    for line in lines:
+        fields = line.split()
+        if fields[1] != "rw-p" or fields[4] != "0" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        start = -(-start // _HUGE_PAGE) * _HUGE_PAGE
+        end = end // _HUGE_PAGE * _HUGE_PAGE
+        if end > start and madvise(start, end - start, MADV_COLLAPSE) == 0:
+            collapsed += end - start
+    return collapsed
+
+
 _RAN_TESTS_HERE = False
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from ..plumbing.collectives import no_stack_text
 from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
+from ..plumbing.process import collapse_heap_once
 from ..plumbing.protocol import (
     CHILD_DONE,
     HEADER_SIZE,
@@ -160,7 +161,9 @@ class Agent:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
         prepare_children(self.config)
         # Before any test child: the one process that forks each test's sub-world zygote on demand.
-        self.pristine = start_pristine(close_fds=(self.sock.fileno(),))
+        collapse_heap_once()  # a launched agent's own heap; a forked one shares the controller's
+        own = [self.sock.fileno()] + ([self.reserved.fileno()] if self.reserved is not None else [])
+        self.pristine = start_pristine(close_fds=own)
         try:
             self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():

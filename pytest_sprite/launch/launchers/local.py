@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from ...plumbing.output import tail_of_file
 from ...plumbing.process import (
+    collapse_heap_once,
     computing_before_fork,
     one_thread_after_fork,
     preimport_torch,
@@ -121,6 +122,7 @@ class LocalLauncher:
         # children then share it copy-on-write instead of copying every page a collection touches,
         # and the controller's own end-of-session collections skip it.
         gc.freeze()
+        collapse_heap_once()  # every agent, spare and zygote forks from its huge pages
         one_thread = tests_ran_here()
         pids = []
         for rank in range(request.world_size):
