@@ -82,6 +82,7 @@ LATE_IMPORTS: tuple[str, ...] = (
     "torch.distributed.checkpoint._fsspec_filesystem",
     "torch.distributed.fsdp",
     "torch.distributed.tensor",
+    "torch.distributed._tensor",
     "torch.utils.serialization",
     "torch.profiler",
     "torch.profiler._cupti_monitor",
