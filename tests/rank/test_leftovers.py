@@ -152,3 +152,47 @@ def test_warning_text_names_rank_pid_command_and_how() -> None:
     assert describe_leftovers(0, [Leftover(pid=1, command="x", ended_by="SIGTERM")]).startswith(
         "rank 0 left 1 process running after the test; pytest-sprite ended it ("
     )
+
+
+# A subreaper that starts nothing, then a process, then a daemon that double-forks (orphaned, so it
+# becomes the subreaper's child): started_nothing() must say so each time (issue 23).
+SUBREAPER = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from pytest_sprite.rank.leftovers import lead_own_session, started_nothing
+
+    lead_own_session()
+    seen = [started_nothing()]
+    proc = subprocess.Popen(["sleep", "600"])
+    seen.append(started_nothing())
+    proc.kill()
+    proc.wait()
+    seen.append(started_nothing())
+    if os.fork() == 0:  # the middle process exits at once; its child is orphaned
+        if os.fork() == 0:
+            os.close(1), os.close(2)  # holds no pipe the test reads to its end
+            time.sleep(600)
+        os._exit(0)
+    os.wait()
+    time.sleep(0.2)
+    seen.append(started_nothing())
+    print(seen, flush=True)
+    """
+)
+
+
+def test_a_subreaper_knows_when_it_started_nothing() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUBREAPER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.strip() == "[True, False, True, False]"
+    finally:  # the orphan sleeps on in the subreaper's session: found and ended as a leftover
+        ended = end_session_leftovers(proc.pid, grace=0.5)
+    assert len(ended) == 1  # the orphan, which the subreaper saw as its child
