@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import pytest
 
 __all__ = [
+    "TMP_FIXTURES",
     "make_test_dir",
     "prune_test_dir",
     "share_tmp_path",
@@ -47,10 +48,24 @@ def tmp_path_name(item_name: str) -> str:
     return re.sub(r"[\W]", "_", item_name)[:_NAME_CHARS]
 
 
-def make_test_dir(config: pytest.Config, item_name: str) -> tuple[Path, Path]:
-    """Controller: the session's basetemp (made on first use) and a fresh directory for one ranks test."""
+TMP_FIXTURES: Final = frozenset({"tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory"})
+"""pytest's fixtures that hand a test its directory: a ranks test that uses one gets it made up front."""
+
+
+def make_test_dir(config: pytest.Config, item_name: str, *, now: bool, run_id: int) -> tuple[Path, Path]:
+    """Controller: the session's basetemp (made on first use) and the directory of one ranks test.
+
+    ``now``: made here, named as pytest names ``tmp_path`` (the test uses one of :data:`TMP_FIXTURES`).
+    Otherwise only named, ``<name>-run<run_id>``, and made by the first rank that needs it
+    (``world.rank_path``, a fixture asked for at run time): most ranks tests never use one, and making
+    and pruning it cost the controller milliseconds per test (issue 23). The ``-`` keeps the name out
+    of pytest's numbering (its names hold only word characters and digits).
+    """
     factory = tmp_path_factory(config)
-    return factory.getbasetemp(), factory.mktemp(tmp_path_name(item_name), numbered=True)
+    basetemp = factory.getbasetemp()
+    if now:
+        return basetemp, factory.mktemp(tmp_path_name(item_name), numbered=True)
+    return basetemp, basetemp / f"{tmp_path_name(item_name)}-run{run_id}"
 
 
 def prune_test_dir(config: pytest.Config, test_dir: Path, *, passed: bool) -> None:
@@ -95,7 +110,13 @@ def share_tmp_path(config: pytest.Config, *, basetemp: Path, test_dir: Path, ite
 
 
 def shared_test_dir(basetemp: Path, test_dir: Path) -> Path:
-    """``test_dir``, or a clear error when this rank's host does not see the controller's basetemp."""
+    """``test_dir``, made if no rank made it yet, or a clear error when this rank's host does not see the
+    controller's basetemp."""
+    try:
+        test_dir.mkdir(mode=0o700, exist_ok=True)
+        return test_dir
+    except FileNotFoundError:
+        pass
     if not basetemp.is_dir():
         raise SpriteUsageError(
             f"the session's basetemp {basetemp} does not exist on this rank's host ({os.uname().nodename}): "

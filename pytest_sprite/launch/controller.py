@@ -26,7 +26,7 @@ from ..glue.collected import store_collected
 from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
-from ..glue.tmp_path import make_test_dir
+from ..glue.tmp_path import TMP_FIXTURES, make_test_dir
 from ..plumbing.collectives import STACK_WAIT
 from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
@@ -356,8 +356,14 @@ class Controller:
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=detail)
             return
         pool.ports[first] = None  # taken: the agent reports its next one when this child exits
-        basetemp, run.test_dir = make_test_dir(self.config, run.item.name)
         around = run.item.stash.get(around_ranks_key, None)
+        fixtures = getattr(run.item, "fixturenames", ())
+        basetemp, run.test_dir = make_test_dir(
+            self.config,
+            run.item.name,
+            now=around is not None or not TMP_FIXTURES.isdisjoint(fixtures),
+            run_id=run.run_id,
+        )
         if around is not None:  # torch's parent side: setUp before the ranks start (issue 26)
             around.before(run.test_dir)
         run.hosts = {rank: pool.agents[agent].host for rank, agent in enumerate(agents)}

@@ -24,7 +24,7 @@ def test_names_follow_pytests_tmp_path() -> None:
 
 def test_every_rank_gets_the_controllers_directories(pytester: pytest.Pytester) -> None:
     controller = configure(pytester, f"--basetemp={pytester.path / 'base'}")
-    basetemp, test_dir = make_test_dir(controller, ITEM)
+    basetemp, test_dir = make_test_dir(controller, ITEM, now=True, run_id=1)
     assert (basetemp, test_dir) == (
         pytester.path / "base",
         pytester.path / "base" / "test_save_and_load_ranks2_with0",
@@ -65,9 +65,27 @@ def test_every_rank_gets_the_controllers_directories(pytester: pytest.Pytester) 
 
 def test_a_second_test_gets_a_fresh_directory(pytester: pytest.Pytester) -> None:
     controller = configure(pytester)
-    _, first = make_test_dir(controller, "test_x")
-    _, second = make_test_dir(controller, "test_x")
+    _, first = make_test_dir(controller, "test_x", now=True, run_id=1)
+    _, second = make_test_dir(controller, "test_x", now=True, run_id=2)
     assert (first.name, second.name) == ("test_x0", "test_x1")
+
+
+def test_a_test_that_asks_for_no_tmp_path_gets_its_directory_when_a_rank_first_needs_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """Named up front, out of pytest's numbering; made by the first rank that uses it (issue 23)."""
+    controller = configure(pytester)
+    basetemp, lazy = make_test_dir(controller, "test_x", now=False, run_id=4)
+    assert lazy == basetemp / "test_x-run4" and not lazy.exists()
+    _, numbered = make_test_dir(controller, "test_x", now=True, run_id=5)
+    assert numbered.name == "test_x0"  # pytest's numbering does not count the named one
+    for _rank in range(2):
+        child = configure(pytester)
+        share_tmp_path(child, basetemp=basetemp, test_dir=lazy, item_name="test_x")
+        assert child._tmp_path_factory.mktemp("test_x") == lazy  # type: ignore[attr-defined]
+    assert lazy.is_dir()
+    prune_test_dir(controller, lazy, passed=True)
+    assert not lazy.exists()  # left empty: pruned as an unused tmp_path is
 
 
 def test_a_basetemp_this_host_cannot_see_is_a_clear_error(pytester: pytest.Pytester) -> None:
@@ -100,10 +118,10 @@ def test_retention_is_applied_once_by_the_controller(
 ) -> None:
     pytester.makeini(f"[pytest]\ntmp_path_retention_policy = {policy}\n")
     controller = configure(pytester)
-    basetemp, test_dir = make_test_dir(controller, "test_x")
+    basetemp, test_dir = make_test_dir(controller, "test_x", now=True, run_id=1)
     (basetemp / f"{test_dir.name}-data0").mkdir()
     (test_dir / "ckpt.pt").write_text("x")
-    _, other = make_test_dir(controller, "test_y")
+    _, other = make_test_dir(controller, "test_y", now=True, run_id=2)
     prune_test_dir(controller, test_dir, passed=passed)
     assert test_dir.exists() is kept
     assert (basetemp / f"{test_dir.name}-data0").exists() is kept
@@ -112,7 +130,7 @@ def test_retention_is_applied_once_by_the_controller(
 
 def test_an_unused_test_directory_is_not_kept(pytester: pytest.Pytester) -> None:
     controller = configure(pytester)
-    _, test_dir = make_test_dir(controller, "test_x")
+    _, test_dir = make_test_dir(controller, "test_x", now=True, run_id=1)
     prune_test_dir(controller, test_dir, passed=False)  # pytest's default policy, all, keeps what was written
     assert not test_dir.exists()
 
