@@ -64,6 +64,38 @@ def test_ranks_share_tmp_path_and_rank_0_writes_what_rank_1_reads(pytester: pyte
     result.stdout.fnmatch_lines([f"*TMP_PATH={fnescape(str(shared))} BASETEMP={fnescape(str(base))}*"])
 
 
+def test_a_test_that_asks_for_no_tmp_path_gets_one_when_a_rank_first_needs_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """No directory is made for a ranks test that does not ask for one; using one at run time still works,
+    the same on every rank, and a passing test's unused directory is not left behind (issue 23)."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_late(world, request):
+            mine = world.rank_path("state.pt")
+            mine.write_text(str(world.rank))
+            shared = request.getfixturevalue("tmp_path")
+            assert world.gather_object(str(shared)) == [str(shared)] * 2
+            assert mine == shared / f"rank{world.rank}" / "state.pt"
+            print(f"TMP_PATH={shared}")
+            assert False, "keep the directory (failed tests keep theirs)"
+
+        @pytest.mark.ranks(2)
+        def test_none(world):
+            pass
+        """
+    )
+    result = run(pytester, "-rA")
+    result.assert_outcomes(passed=1, failed=1)
+    shared = Path(re.search(r"TMP_PATH=(/\S+)", result.stdout.str())[1])  # type: ignore[index]
+    assert re.fullmatch(r"test_late-run\d+", shared.name), shared.name
+    assert [(shared / f"rank{r}" / "state.pt").read_text() for r in (0, 1)] == ["0", "1"]
+    assert not [p for p in shared.parent.iterdir() if p.name.startswith("test_none")]
+
+
 @pytest.mark.slow
 def test_one_basetemp_per_session_pruned_as_pytest_prunes(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
