@@ -161,7 +161,8 @@ class Agent:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
         prepare_children(self.config)
         # Before any test child: the one process that forks each test's sub-world zygote on demand.
-        collapse_heap_once()  # a launched agent's own heap; a forked one shares the controller's
+        # A launched agent's own heap (a forked one inherits the controller's decision): a child per ranks test.
+        collapse_heap_once(forks=sum(1 for item in self.items.values() if item.get_closest_marker("ranks")))
         own = [self.sock.fileno()] + ([self.reserved.fileno()] if self.reserved is not None else [])
         self.pristine = start_pristine(close_fds=own)
         try:

@@ -18,8 +18,10 @@ pytestmark = [
 # A fresh interpreter: the collapse acts on the whole process and happens once per line of forks.
 COLLAPSE = textwrap.dedent(
     """
-    import os
-    from pytest_sprite.plumbing.process import collapse_heap_once
+    import os, sys
+    from pytest_sprite.plumbing.process import HUGE_PAGES_FROM_FORKS, collapse_heap_once
+
+    forks = int(sys.argv[1])
 
     def huge_kb():
         for line in open("/proc/self/smaps_rollup"):
@@ -28,19 +30,20 @@ COLLAPSE = textwrap.dedent(
 
     heap = [bytearray(64 << 10) for _ in range(512)]  # 32 MiB of the heap to collapse
     before = huge_kb()
-    collapsed = collapse_heap_once()
+    collapsed = collapse_heap_once(forks=forks)
     pid = os.fork()
-    if pid == 0:  # a fork inherits the flag: it does not collapse again
-        os._exit(0 if collapse_heap_once() == 0 else 1)
+    if pid == 0:  # a fork inherits the decision: it does not collapse again
+        os._exit(0 if collapse_heap_once(forks=HUGE_PAGES_FROM_FORKS) == 0 else 1)
     _, status = os.waitpid(pid, 0)
-    print(collapsed, before, huge_kb(), collapse_heap_once(), os.waitstatus_to_exitcode(status))
+    again = collapse_heap_once(forks=HUGE_PAGES_FROM_FORKS)
+    print(collapsed, before, huge_kb(), again, os.waitstatus_to_exitcode(status))
     """
 )
 
 
-def _run(env: dict[str, str] | None = None) -> list[int]:
+def _run(forks: int = 1000, env: dict[str, str] | None = None) -> list[int]:
     done = subprocess.run(
-        [sys.executable, "-c", COLLAPSE], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-c", COLLAPSE, str(forks)], capture_output=True, text=True, timeout=60, env=env
     )
     assert done.returncode == 0, done.stderr
     return [int(x) for x in done.stdout.split()]
@@ -62,5 +65,12 @@ def test_the_heap_is_collapsed_once_and_its_forks_do_not_again() -> None:
 
 
 def test_sprite_huge_pages_0_turns_it_off() -> None:
-    collapsed, before, after, _, _ = _run({**os.environ, "SPRITE_HUGE_PAGES": "0"})
+    collapsed, before, after, _, _ = _run(env={**os.environ, "SPRITE_HUGE_PAGES": "0"})
     assert collapsed == 0 and after == before
+
+
+def test_a_process_about_to_fork_few_children_does_not_pay_for_it() -> None:
+    """Collapsing costs a few tenths of a second; a session of a few ranks tests would not win it back,
+    and its forks, having inherited the decision, do not collapse either."""
+    collapsed, before, after, again, fork_code = _run(forks=2)
+    assert (collapsed, again, fork_code) == (0, 0, 0) and after == before

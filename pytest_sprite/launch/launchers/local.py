@@ -21,6 +21,7 @@ from ...plumbing.process import (
     tests_ran_here,
 )
 from ...plumbing.timing import monotonic, sleep
+from ..runs import world_size_key
 from .base import LaunchHandle, LaunchRequest
 
 __all__ = ["LocalLauncher"]
@@ -122,7 +123,8 @@ class LocalLauncher:
         # children then share it copy-on-write instead of copying every page a collection touches,
         # and the controller's own end-of-session collections skip it.
         gc.freeze()
-        collapse_heap_once()  # every agent, spare and zygote forks from its huge pages
+        # Every agent, spare and zygote forks from its huge pages: one test child per rank of each ranks test.
+        collapse_heap_once(forks=sum(item.stash.get(world_size_key, 0) for item in request.items.values()))
         one_thread = tests_ran_here()
         pids = []
         for rank in range(request.world_size):
