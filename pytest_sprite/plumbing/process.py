@@ -23,6 +23,8 @@ from typing import IO, Any
 
 __all__ = [
     "LATE_IMPORTS",
+    "become_subreaper",
+    "collapse_heap_once",
     "computing_before_fork",
     "die_with_parent",
     "exit_text",
@@ -134,14 +136,15 @@ def collapse_heap_once(*, forks: int) -> int:
     _DECIDED = True
     if forks < HUGE_PAGES_FROM_FORKS or os.environ.get("SPRITE_HUGE_PAGES", "1") == "0":
         return 0
+    libc = _libc()
     try:
         import ctypes
 
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise = libc.madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         with open("/proc/self/maps") as maps:
             lines = maps.read().splitlines()
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # no C library or no madvise (not Linux), or no /proc
         return 0
     collapsed = 0
     for line in lines:
@@ -233,15 +236,36 @@ def install_stack_dumps(output: Path, stacks: Path, signum: int) -> None:
     _KEEP.extend([out, dumps])
 
 
-def die_with_parent() -> bool:
-    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG); False where prctl is missing."""
+def _libc() -> Any:
+    """The C library, for the Linux calls Python's os module lacks (prctl, madvise); None where unavailable."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        return ctypes.CDLL(None, use_errno=True)
     except (OSError, AttributeError):
+        return None
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, arg: int) -> bool:
+    libc = _libc()
+    try:
+        return libc is not None and libc.prctl(option, arg, 0, 0, 0) == 0
+    except AttributeError:  # no prctl: not Linux
         return False
-    return True
+
+
+def die_with_parent() -> bool:
+    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG); False where prctl is missing."""
+    return _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def become_subreaper() -> bool:
+    """Keep what this process starts, once orphaned, as its own children (PR_SET_CHILD_SUBREAPER, Linux 3.4)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def wait_status(status: int) -> tuple[int | None, int | None]:

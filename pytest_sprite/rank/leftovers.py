@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
+from ..plumbing.process import become_subreaper
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.timing import monotonic, sleep
 
@@ -38,7 +39,6 @@ DEFAULT_GRACE: Final = 2.0
 """Seconds a leftover process gets to exit after SIGTERM before it is killed."""
 
 _PROC: Final = Path("/proc")
-_PR_SET_CHILD_SUBREAPER: Final = 36
 _PF_EXITING: Final = 0x4
 """The kernel's flag (``/proc/PID/stat`` field 9) of a process inside exit()."""
 _COMMAND_CHARS: Final = 200
@@ -71,12 +71,7 @@ def lead_own_session() -> None:
         os.setsid()
     except OSError:
         pass
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    become_subreaper()
 
 
 def started_nothing() -> bool:
