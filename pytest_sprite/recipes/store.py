@@ -61,6 +61,8 @@ _TRUST: Final = "trust"
 """The session's verdict on reuse: ``ok``, or ``refused`` and the message."""
 _CLAIM: Final = "trust.claim"
 """Made (exclusively) by the test that runs the session's one reuse check."""
+_ABOUT: Final = ".about.json"
+"""Beside each ``<key>.pkl``: the test that computed it and its digest, what deciding and checking need."""
 _SKIPPED_FIELDS: Final = ("wall_s", "source")
 """Record fields that differ between two runs of the same arm without meaning anything."""
 
@@ -145,7 +147,7 @@ class SessionStore:
         self.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         _lock(fd)  # waits while another test computes this result
-        stored = self._read(key)
+        stored = self._about(key)
         if stored is None:
             self._locks[key] = fd
             return _Plan("compute")
@@ -164,6 +166,9 @@ class SessionStore:
                 if key in _KEY_TEXT:
                     _atomic_write(self.root / f"{key}.json", _KEY_TEXT[key].encode())
                 _atomic_write(self.root / f"{key}.pkl", pickle.dumps(entry))
+                # Written last: a key whose summary exists has its record stored in full.
+                about = {"test": entry["test"], "digest": entry["digest"]}
+                _atomic_write(self.root / f"{key}{_ABOUT}", json.dumps(about).encode())
         finally:
             if fd is not None:
                 _unlock(fd)
@@ -176,7 +181,7 @@ class SessionStore:
 
     def check(self, key: str, fresh: Any, what: str) -> str | None:
         """Compare a fresh run with the stored one; set the session's trust; the refusal message, if any."""
-        entry = self._read(key)
+        entry = self._about(key)
         if entry is None:
             return None
         digest = record_digest(fresh)
@@ -193,6 +198,14 @@ class SessionStore:
         )
         self.set_trust("refused\n" + message)
         return message
+
+    def _about(self, key: str) -> dict[str, str] | None:
+        """Who computed ``key`` and its digest, without unpickling the record (tens of ms per arm)."""
+        try:
+            about: dict[str, str] = json.loads((self.root / f"{key}{_ABOUT}").read_bytes())
+        except FileNotFoundError:
+            return None
+        return about
 
     def _read(self, key: str) -> dict[str, Any] | None:
         try:
