@@ -112,9 +112,11 @@ MADV_COLLAPSE = 25
 _HUGE_PAGE = 2 << 20
 _DECIDED = False
 
-HUGE_PAGES_FROM_FORKS = 32
+HUGE_PAGES_FROM_FORKS = 64
 """Children a process must be about to fork before collapsing its heap pays: collapsing takes 0.3-0.7 s on the
-2-core test machine, and each fork and exit it makes cheaper saves 15-25 ms of CPU there."""
+2-core test machine, and each fork and exit it makes cheaper saves 15-25 ms of CPU there, less wall time on two
+busy cores. Sessions of 2-rank tests there, collapsed and not, side by side: 40 forks 0.13 s slower, 80 forks
+0.2 s faster, 122 forks 0.6 s faster."""
 
 
 def collapse_heap_once(*, forks: int) -> int:
