@@ -11,7 +11,8 @@ The sprite session also runs with ``--collective-check`` (an extra fingerprint c
 collective), with ``--pack=off``, and with tests that use a feature (each writes to ``tmp_path``; each
 starts a 2-rank sub-world), so what a feature costs shows on the tests that use it and nowhere else. It
 prints the marginal cost of one more sprite test (a session of ``--marginal-tests`` tests, default 61, minus a
-1-test session, over the difference: over 20 tests the figure moved by 20 ms between two quiet runs)
+1-test session run just before it, over the difference; the median of ``--runs`` such pairs: over 20 tests
+the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
 forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs
 (default 3); the cold spawns and the floor run once. The load average is printed before and after: on a
@@ -144,7 +145,8 @@ WORKER = textwrap.dedent(
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -161,6 +163,22 @@ def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
 def median_of(runs: int, argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     """Median wall time of ``runs`` runs: one run of a few seconds is at the mercy of a shared machine."""
     return statistics.median(timed(argv, cwd, env) for _ in range(runs))
+
+
+def marginal_of(
+    runs: int, short: list[str], long: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[float, float, float]:
+    """Medians of a short and a long session, and of their difference, the two run in turns.
+
+    Run one after the other, each pair sees the same machine: the median of the differences drifts less
+    with a shared machine's speed than the difference of two medians taken minutes apart.
+    """
+    pairs = [(timed(short, cwd, env), timed(long, cwd, env)) for _ in range(runs)]
+    return (
+        statistics.median(a for a, _ in pairs),
+        statistics.median(b for _, b in pairs),
+        statistics.median(b - a for a, b in pairs),
+    )
 
 
 def pair(worker: Path, rounds: int, env: dict[str, str]) -> None:
@@ -212,14 +230,21 @@ def main() -> None:
 
     load_before = os.getloadavg()
     results: dict[str, float] = {}
-    for suffix, extra in (("", []), ("_off", ["--pack=off"])):
-        for name in ("sprite_n", "sprite_1", "sprite_n1"):
-            results[name + suffix] = median_of(runs, [*sprite_argv, *extra, name], work, only_sprite)
-    results["sprite"] = results["sprite_n"]
     # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.
     small_pages = dict(only_sprite, SPRITE_HUGE_PAGES="0")
-    for name in ("sprite_1", "sprite_n1"):
-        results[name + "_4k"] = median_of(runs, [*sprite_argv, name], work, small_pages)
+    for suffix, extra, environ in (
+        ("", [], only_sprite),
+        ("_off", ["--pack=off"], only_sprite),
+        ("_4k", [], small_pages),
+    ):
+        if suffix != "_4k":
+            results["sprite_n" + suffix] = median_of(runs, [*sprite_argv, *extra, "sprite_n"], work, environ)
+        short, long, difference = marginal_of(
+            runs, [*sprite_argv, *extra, "sprite_1"], [*sprite_argv, *extra, "sprite_n1"], work, environ
+        )
+        results["sprite_1" + suffix], results["sprite_n1" + suffix] = short, long
+        results["marginal" + suffix] = difference / (m - 1)
+    results["sprite"] = results["sprite_n"]
     results["sprite_tmp_path"] = median_of(runs, [*sprite_argv, "sprite_tmp_path"], work, only_sprite)
     results["sprite_subworld"] = median_of(runs, [*sprite_argv, "sprite_subworld"], work, only_sprite)
     results["sprite_all_plugins"] = median_of(runs, [*pytest_argv, "sprite_n"], work, env)
@@ -235,9 +260,7 @@ def main() -> None:
     pair(worker, n, env)
     results["floor"] = time.perf_counter() - start
 
-    marginal = (results["sprite_n1"] - results["sprite_1"]) / (m - 1)
-    marginal_off = (results["sprite_n1_off"] - results["sprite_1_off"]) / (m - 1)
-    marginal_4k = (results["sprite_n1_4k"] - results["sprite_1_4k"]) / (m - 1)
+    marginal, marginal_off, marginal_4k = (results[f"marginal{s}"] for s in ("", "_off", "_4k"))
     cold_one = results["cold"] / n
 
     def share(cost: float) -> str:
@@ -275,7 +298,11 @@ def main() -> None:
     )
     print(f"{'what':58} {'wall s':>8}")
     for what, seconds in rows:
-        print(f"{what:58} {seconds:8.2f}")
+        print(f"{what:58} {seconds:8.3f}")
+    print(
+        f"(the {m}-test and 1-test sessions of the marginal cost, in turns: {results['sprite_n1']:.2f} s and "
+        f"{results['sprite_1']:.2f} s; the marginal cost is the median of their {runs} differences, over {m - 1})"
+    )
     print()
     print(
         f"sprite / MultiProcContinuousTest:           {results['sprite'] / results['mpct']:.2f}   (target <= 0.30)"
