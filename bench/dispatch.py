@@ -14,9 +14,9 @@ prints the marginal cost of one more sprite test (a session of ``--marginal-test
 1-test session run just before it, over the difference; the median of ``--runs`` such pairs: over 20 tests
 the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
-forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs; the 20-test sessions (packed and
-``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the rounds' ratios
-(default 3); the cold spawns and the floor run once. The load average is printed before and after: on a
+forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
+(packed and ``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the
+rounds' ratios; the cold spawns and the floor run once. The load average is printed before and after: on a
 shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
 """
 
