@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,8 @@ class _Interpreters:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.files: list[str] = []
 
-    def spawn(self, request: tuple[Any, ...], channel: Any) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: Any, host_fds: Sequence[int] = ()) -> int:
+        """A new interpreter holds none of ``host_fds``: Python's sockets are not inheritable."""
         fd, path = tempfile.mkstemp(prefix="sprite-bench-payload-")
         os.write(fd, pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
         os.close(fd)

@@ -245,12 +245,29 @@ def run_plain_world(
     died, as the peers of a killed process would, before they are ended.
     """
     start = monotonic()
-    store = tcp_store("127.0.0.1", 0, is_master=True)
-    layout = [(0, r) for r in range(size)]  # one node; rank r computes on device r
-    seats = [_subworld_place(layout, size, r) for r in range(size)]
-    hosted, run_dir = _start(
-        forker, fn, args, kwargs, seats, ("127.0.0.1", store.port), kill, timeout, "auto", join=join
-    )
+    # The ranks fork before the store's server thread starts: a fork taken while that thread is inside the
+    # C library's resolver (torch names every peer that connects with getnameinfo) leaves the rank holding
+    # the resolver's lock, and its own first lookup waits on it for ever. They connect to the listening
+    # socket, bound first, and the store serves them once it starts on it.
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        layout = [(0, r) for r in range(size)]  # one node; rank r computes on device r
+        seats = [_subworld_place(layout, size, r) for r in range(size)]
+        address = ("127.0.0.1", int(listener.getsockname()[1]))
+        hosted, run_dir = _start(
+            forker,
+            fn,
+            args,
+            kwargs,
+            seats,
+            address,
+            kill,
+            timeout,
+            "auto",
+            join=join,
+            host_fds=(listener.fileno(),),
+        )
+        store = tcp_store(*address, is_master=True, listen_fd=listener.detach())
     _watch(hosted, forker, store, size, timeout, start, kill, peer_grace=peer_grace)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
@@ -328,6 +345,7 @@ def _start(
     device: str,
     *,
     join: bool = True,
+    host_fds: Sequence[int] = (),
 ) -> tuple[list[_Hosted], Path]:
     run_dir = Path(tempfile.mkdtemp(prefix="sprite-subworld-"))
     hosted = []
@@ -335,7 +353,7 @@ def _start(
         seat = Seat(master_addr=store[0], master_port=store[1], device=device, timeout=timeout, **fields_)
         spec = RankSpec(name=_name(fn), seat=seat, plan=kill, run_dir=str(run_dir), join=join)
         mine, theirs = socket.socketpair()
-        pid = forker.spawn((spec, fn, args, kwargs), theirs)
+        pid = forker.spawn((spec, fn, args, kwargs), theirs, host_fds)
         theirs.close()
         mine.setblocking(False)
         hosted.append(_Hosted(rank=seat.rank, pid=pid, channel=mine))

@@ -44,8 +44,11 @@ __all__ = [
 class Forker(Protocol):
     """Starts sub-world ranks and says which of them ended."""
 
-    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
-        """Start a rank running ``request`` (spec, fn, args, kwargs) that talks on ``channel``; its pid."""
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket, host_fds: Sequence[int] = ()) -> int:
+        """Start a rank running ``request`` (spec, fn, args, kwargs) that talks on ``channel``; its pid.
+
+        ``host_fds``: descriptors of the host (the store's listening socket) a rank forked from it closes.
+        """
         ...
 
     def poll(self) -> dict[int, int]:
@@ -59,7 +62,7 @@ class DirectForker:
     def __init__(self) -> None:
         self.pids: list[int] = []
 
-    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket, host_fds: Sequence[int] = ()) -> int:
         """Fork the rank from this process: it has ``request`` already, so nothing is pickled."""
         if not self.pids:
             _prepare(request)
@@ -68,6 +71,8 @@ class DirectForker:
         pid = os.fork()
         if pid == 0:
             try:
+                for fd in host_fds:
+                    os.close(fd)
                 one_thread_after_fork()
                 rank_main(request, channel)
             finally:
@@ -113,7 +118,8 @@ class Zygote:
                 zygote.pid = pid
         return zygote
 
-    def spawn(self, request: tuple[Any, ...], channel: socket.socket) -> int:
+    def spawn(self, request: tuple[Any, ...], channel: socket.socket, host_fds: Sequence[int] = ()) -> int:
+        """Ask the zygote to fork the rank; the zygote holds none of the host's descriptors."""
         payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
         send_fork_request(self.sock, payload, channel)
         while True:

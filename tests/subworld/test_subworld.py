@@ -212,3 +212,25 @@ def test_a_fork_after_parallel_work_in_this_process_does_not_hang() -> None:
     threads = torch.get_num_threads()
     assert run_subworld(parallel_work, ranks=2, timeout=60).values() == [1, 1]
     assert torch.get_num_threads() == threads  # only the children run on one thread
+
+
+def test_ranks_fork_before_the_store_starts_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork taken while the store's server thread is inside the C library's resolver (torch names every
+    peer that connects with getnameinfo) leaves the rank holding the resolver's lock: its own first lookup
+    then waits for ever, and the sub-world hangs (seen once in CI, and under gdb in ``resolv_conf.c``).
+    """
+    from pytest_sprite.subworld.zygote import DirectForker
+
+    spawn = DirectForker.spawn
+    threads_at_fork: list[set[str]] = []
+
+    def noting_threads(self: DirectForker, *args: Any, **kwargs: Any) -> int:
+        threads_at_fork.append(set(os.listdir("/proc/self/task")))
+        return spawn(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectForker, "spawn", noting_threads)
+    before = set(os.listdir("/proc/self/task"))
+    assert run_subworld(where_am_i, args=(0.0,), ranks=3, timeout=60).ok
+    assert len(threads_at_fork) == 3
+    for threads in threads_at_fork:
+        assert threads <= before, f"threads started by run_subworld before a fork: {threads - before}"
