@@ -16,7 +16,9 @@ the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
 forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
 (packed and ``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the
-rounds' ratios; the cold spawns and the floor run once. The load average is printed before and after: on a
+rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests, median of
+``--runs``) is what a test costs this design with no harness at all: two ranks forked from a process that imported
+torch, a fresh gloo group, one all_reduce, exit. The load average is printed before and after: on a
 shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
 """
 
@@ -142,6 +144,50 @@ WORKER = textwrap.dedent(
     """
 )
 
+FORK_FLOOR = textwrap.dedent(
+    """
+    import gc, os, socket, sys, time
+    from datetime import timedelta
+    import torch
+    import torch.distributed as dist
+    from pytest_sprite.plumbing.process import collapse_heap_once
+
+    def rank(r, port, fd):
+        store = dist.TCPStore(
+            "127.0.0.1", port, is_master=r == 0, timeout=timedelta(seconds=60), wait_for_workers=False,
+            **({{"world_size": 2, "master_listen_fd": fd}} if r == 0 else {{}}),
+        )
+        dist.init_process_group("gloo", store=store, rank=r, world_size=2)
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        os._exit(0 if t[0].item() == 2.0 else 1)
+
+    def one_test():
+        listener = socket.create_server(("127.0.0.1", 0))
+        port, pids = listener.getsockname()[1], []
+        for r in range(2):
+            pid = os.fork()
+            if pid == 0:
+                rank(r, port, listener.fileno() if r == 0 else None)
+            pids.append(pid)
+        listener.close()
+        if any(os.waitpid(pid, 0)[1] != 0 for pid in pids):
+            raise SystemExit("a rank failed")
+
+    gc.freeze()
+    collapse_heap_once(forks=2 * {n})
+    one_test()
+    start = time.perf_counter()
+    for _ in range({n}):
+        one_test()
+    print((time.perf_counter() - start) / {n})
+    """
+)
+"""The design's floor, no pytest: a process that imported torch forks the two ranks of each test, which join
+a fresh gloo group on a store rank 0 hosts on a socket bound before the fork, all_reduce once and exit; the
+tests one after another, the heap in huge pages as the controller's is. What is left of a test's cost when
+the harness costs nothing."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -263,6 +309,16 @@ def main() -> None:
     results["sprite_collective_check"] = median_of(
         runs, [*sprite_argv, "--collective-check", "sprite_n"], work, only_sprite
     )
+    floor_script = work / "fork_floor.py"
+    floor_script.write_text(FORK_FLOOR.format(n=m - 1))
+    results["fork_floor"] = statistics.median(
+        float(
+            subprocess.run(
+                [sys.executable, str(floor_script)], env=env, check=True, capture_output=True, text=True
+            ).stdout
+        )
+        for _ in range(runs)
+    )
     start = time.perf_counter()
     for _ in range(n):
         pair(worker, 1, env)
@@ -298,6 +354,10 @@ def main() -> None:
             "  a 2-rank sub-world, per test that starts one",
             (results["sprite_subworld"] - results["sprite"]) / n,
         ),
+        (
+            f"fork floor, per test: 2 forked ranks, a fresh gloo group, one all_reduce, no pytest ({m - 1} tests)",
+            results["fork_floor"],
+        ),
         ("cold spawn, one test", cold_one),
     ]
     load_after = os.getloadavg()
@@ -321,6 +381,8 @@ def main() -> None:
     print(f"sprite marginal / cold spawn:               {share(marginal)}   (target <= 1/60)")
     print(f"  with --pack=off:                          {share(marginal_off)}   (target <= 1/60)")
     print(f"  with SPRITE_HUGE_PAGES=0:                 {share(marginal_4k)}")
+    print(f"fork floor / cold spawn:                    {share(results['fork_floor'])}   (no harness at all)")
+    print(f"sprite marginal / fork floor:               {marginal / results['fork_floor']:.2f}")
     print(f"sprite / floor:                             {results['sprite'] / results['floor']:.2f}")
 
 
