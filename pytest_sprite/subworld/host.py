@@ -299,8 +299,12 @@ def _run_in_ranks_test(
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     store: Any = None
     if world.rank == 0:
-        store = tcp_store(host, 0, is_master=True)
-        port = world.broadcast_object(int(store.port))
+        # An IPv4 socket, as the test's own store has (its agent reserves one): torch's server on "::"
+        # would see every local peer as ::ffff:127.0.0.1 and ask DNS to name it, which /etc/hosts does not.
+        listener = socket.create_server(("127.0.0.1" if host in ("127.0.0.1", "localhost") else "", 0))
+        port = int(listener.getsockname()[1])
+        store = tcp_store(host, port, is_master=True, listen_fd=listener.detach())
+        port = world.broadcast_object(port)
     else:
         port = world.broadcast_object(0)
         store = tcp_store(host, port, is_master=False)
