@@ -239,7 +239,7 @@ def test_hang_dumps_every_rank_stack_and_the_next_test_passes(pytester: pytest.P
         def wait_forever():
             time.sleep(1000)
 
-        @pytest.mark.ranks(2, timeout=4)
+        @pytest.mark.ranks(2, timeout=8)
         def test_rank0_skips_the_collective(world):
             if world.rank == 0:
                 wait_forever()
@@ -257,7 +257,7 @@ def test_hang_dumps_every_rank_stack_and_the_next_test_passes(pytester: pytest.P
     # One roll call for both ranks (issue 27): where each was, then one stack per distinct stack.
     block = out.split("- ranks 0-1 -")[1].split("test_next")[0]
     assert (
-        "ranks 0-1 were still running after the 4s timeout (from @pytest.mark.ranks(timeout=...)) (during call)"
+        "ranks 0-1 were still running after the 8s timeout (from @pytest.mark.ranks(timeout=...)) (during call)"
         in block
     )
     assert (

@@ -142,7 +142,7 @@ def test_a_timeout_names_the_collective_each_rank_waits_in(pytester: pytest.Pyte
         import torch
         import torch.distributed as dist
 
-        @pytest.mark.ranks(2, timeout=6)
+        @pytest.mark.ranks(2, timeout=8)
         def test_hang(world):
             if world.rank == 0:
                 dist.all_reduce(torch.ones(3))
@@ -154,7 +154,7 @@ def test_a_timeout_names_the_collective_each_rank_waits_in(pytester: pytest.Pyte
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "ranks 0-1 were still running after the 6s timeout (from @pytest.mark.ranks(timeout=...)) (during call)*",
+            "ranks 0-1 were still running after the 8s timeout (from @pytest.mark.ranks(timeout=...)) (during call)*",
             "where the 2 ranks were*",
             "  rank 0: waiting in all_reduce (test_a_timeout_names_the_collective_each_rank_waits_in.py:9)*",
             "  rank 1: elsewhere, in time.sleep (test_a_timeout_names_the_collective_each_rank_waits_in.py:11)*",

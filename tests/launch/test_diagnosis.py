@@ -244,7 +244,7 @@ def check_suite(result: pytest.RunResult, ranks: int, hang_timeout: int) -> None
 
 @pytest.mark.cpu
 def test_diagnosis_at_4_ranks(pytester: pytest.Pytester) -> None:
-    check_suite(run_suite(pytester, 4, 6), 4, 6)
+    check_suite(run_suite(pytester, 4, 8), 4, 8)
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def test_after_crash(world):
     dist.barrier()
 
 
-@pytest.mark.ranks(2, timeout=4)
+@pytest.mark.ranks(2, timeout=8)
 def test_hang(world):
     if world.rank == 0:
         time.sleep(1000)
@@ -215,7 +215,7 @@ def test_harness_scenarios_under_launcher(
             "FAILED *::test_fails_on_rank_one - [[]rank 1[]]*",
             "E * AssertionError: rank one disagrees",
             "*rank 1 CRASHED with signal 9 (SIGKILL) during call*",
-            "*still running after the 4s timeout (from @pytest.mark.ranks(timeout=...))*",
+            "*still running after the 8s timeout (from @pytest.mark.ranks(timeout=...))*",
             "*--- stacks of rank* (most recent call first) ---*",
             "*connection to rank agent 1 closed*",
         ]
