@@ -16,10 +16,11 @@ the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
 forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
 (packed and ``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the
-rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests, median of
-``--runs``) is what a test costs this design with no harness at all (its median test): two ranks forked from a process that imported
-torch, a fresh gloo group, one all_reduce, exit. The load average is printed before and after: on a
-shared machine the figures move with it. Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
+rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests,
+median of ``--runs``) is what a test costs this design with no harness at all (its median test): two ranks
+forked from a process that imported torch, a fresh gloo group, one all_reduce, exit. The load average is
+printed before and after: on a shared machine the figures move with it.
+Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.timing import monotonic, sleep
 from ..subworld import start_pristine
+from ..subworld.join import store_listener
 from .child import run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
 from .stacks import keep_stack_dumps, take_stacks
@@ -222,10 +223,7 @@ class Agent:
         a test's rank 0 (issue 14).
         """
         if self.reserved is None:
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.bind((self.rendezvous_bind, 0))
-            listener.listen(1024)
-            self.reserved = listener
+            self.reserved = store_listener(self.rendezvous_bind)
         port: int = self.reserved.getsockname()[1]
         return port
 

@@ -28,7 +28,7 @@ from pytest_sprite.plumbing.process import wait_status
 from pytest_sprite.plumbing.protocol import STACK_SIGNAL, ObjectReader
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
-from .join import Seat, tcp_store
+from .join import Seat, store_listener, tcp_store
 from .plan import KillPlan, KillPoint
 from .rank import RankSpec, in_subworld
 from .result import RankOutcome, SubworldResult
@@ -249,7 +249,7 @@ def run_plain_world(
     # C library's resolver (torch names every peer that connects with getnameinfo) leaves the rank holding
     # the resolver's lock, and its own first lookup waits on it for ever. They connect to the listening
     # socket, bound first, and the store serves them once it starts on it.
-    listener = socket.create_server(("127.0.0.1", 0))
+    listener = store_listener("127.0.0.1")
     with listener:
         layout = [(0, r) for r in range(size)]  # one node; rank r computes on device r
         seats = [_subworld_place(layout, size, r) for r in range(size)]
@@ -299,9 +299,7 @@ def _run_in_ranks_test(
     host = os.environ.get("MASTER_ADDR", "127.0.0.1")
     store: Any = None
     if world.rank == 0:
-        # An IPv4 socket, as the test's own store has (its agent reserves one): torch's server on "::"
-        # would see every local peer as ::ffff:127.0.0.1 and ask DNS to name it, which /etc/hosts does not.
-        listener = socket.create_server(("127.0.0.1" if host in ("127.0.0.1", "localhost") else "", 0))
+        listener = store_listener("127.0.0.1" if host in ("127.0.0.1", "localhost") else "")
         port = int(listener.getsockname()[1])
         store = tcp_store(host, port, is_master=True, listen_fd=listener.detach())
         port = world.broadcast_object(port)

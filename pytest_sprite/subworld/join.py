@@ -10,6 +10,7 @@ torch's ``MultiProcessTestCase`` tests run on ranks) joins without a store or a 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,7 +25,7 @@ from pytest_sprite.world import World, _set_current
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Seat", "join_world", "tcp_store"]
+__all__ = ["Seat", "join_world", "store_listener", "tcp_store"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,19 @@ class Seat(Placement):
                 master_port=self.master_port,
             )
         )
+
+
+def store_listener(bind: str) -> socket.socket:
+    """An IPv4 socket listening on ``bind`` (``""``: every interface), for a TCPStore to serve (``listen_fd``).
+
+    Listening before anyone connects, so no client is refused or waits out TCPStore's reconnect backoff,
+    and before the processes that connect are forked. IPv4, so the store names each local peer from
+    /etc/hosts: torch's own server listens on ``::``, sees ``::ffff:127.0.0.1``, and asks DNS to name it.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((bind, 0))
+    listener.listen(1024)
+    return listener
 
 
 def tcp_store(
