@@ -7,6 +7,7 @@ controller (``teardown_controller_state``, ``tmp_path_factory``) and by test chi
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,7 +25,7 @@ __all__ = [
     "TerminalWriter",
     "adopt_basetemp",
     "capture_tmpfiles",
-    "fresh_child_state",
+    "fresh_session_state",
     "function_scoped_arguments",
     "record_warnings",
     "runtestprotocol",
@@ -34,45 +35,51 @@ __all__ = [
 ]
 
 
-def _all_fixturedefs(item: pytest.Item) -> list[Any]:
+def _all_fixturedefs(items: Sequence[pytest.Item]) -> list[Any]:
     """Every fixture definition the session knows.
 
     ``session._fixturemanager`` is private and its registry changed shape: ``_get_all_fixture_defs()``
-    from pytest 9.2, ``_arg2fixturedefs`` in 8.0 - 9.1. Falls back to the item's own closure
-    (``item._fixtureinfo``), which covers every fixture it requests by name.
+    from pytest 9.2, ``_arg2fixturedefs`` in 8.0 - 9.1. Falls back to the items' own closures
+    (``item._fixtureinfo``), which cover every fixture they request by name.
     """
-    manager = item.session._fixturemanager
+    manager = items[0].session._fixturemanager
     if hasattr(manager, "_get_all_fixture_defs"):  # pytest >= 9.2
         return list(manager._get_all_fixture_defs())
     if hasattr(manager, "_arg2fixturedefs"):  # pytest 8.0 - 9.1
         return [fd for defs in manager._arg2fixturedefs.values() for fd in defs]
-    info = getattr(item, "_fixtureinfo", None)
-    return [fd for defs in info.name2fixturedefs.values() for fd in defs] if info is not None else []
+    infos = [info for item in items if (info := getattr(item, "_fixtureinfo", None)) is not None]
+    return list(
+        {id(fd): fd for info in infos for defs in info.name2fixturedefs.values() for fd in defs}.values()
+    )
 
 
-def fresh_child_state(item: pytest.Item) -> None:
-    """Forget the fixtures and setup state a test child inherited through fork: every child sets up its own.
+def fresh_session_state(items: Sequence[pytest.Item]) -> None:
+    """Forget the fixtures and setup state an agent inherited through fork: every test child sets up its own.
 
-    The agent forked from a process whose pytest had already set up fixtures (the controller's
-    session-scoped ones, for the local launcher). pytest has no public "forget" API, so:
-    ``session._setupstate`` is replaced with a fresh ``_pytest.runner.SetupState`` (its stack holds the
-    parent's nodes), and each FixtureDef's ``cached_result`` (the parent's value) and ``_finalizers``
-    (the parent's teardowns) are cleared. No debugger prompt in a rank without a terminal: the
-    ``pdbinvoke`` / ``pdbtrace`` plugins (public plugin names) are unregistered.
+    Called once in the agent, before it forks test children: the agent runs no test, so each child
+    inherits the state this leaves (done in each child, it cost a child a third of a millisecond and
+    copied about eighty pages, issue 23). The agent forked from a process whose pytest had already set
+    up fixtures (the controller's session-scoped ones, for the local launcher). pytest has no public
+    "forget" API, so: ``session._setupstate`` is replaced with a fresh ``_pytest.runner.SetupState``
+    (its stack holds the parent's nodes), and each FixtureDef's ``cached_result`` (the parent's value)
+    and ``_finalizers`` (the parent's teardowns) are cleared. No debugger prompt in a rank without a
+    terminal: the ``pdbinvoke`` / ``pdbtrace`` plugins (public plugin names) are unregistered.
     """
     from _pytest.runner import SetupState
 
-    session = item.session
-    session._setupstate = SetupState()
-    for fixturedef in _all_fixturedefs(item):
+    if not items:
+        return
+    items[0].session._setupstate = SetupState()
+    for fixturedef in _all_fixturedefs(items):
         fixturedef.cached_result = None
         finalizers = getattr(fixturedef, "_finalizers", None)
         if finalizers is not None:
             finalizers.clear()
+    manager = items[0].config.pluginmanager
     for name in ("pdbinvoke", "pdbtrace"):
-        plugin = item.config.pluginmanager.get_plugin(name)
+        plugin = manager.get_plugin(name)
         if plugin is not None:
-            item.config.pluginmanager.unregister(plugin)
+            manager.unregister(plugin)
 
 
 def capture_tmpfiles(config: pytest.Config, run_dir: Path) -> None:

@@ -15,13 +15,14 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ..glue.pytest_internals import fresh_session_state
 from ..plumbing.collectives import no_stack_text
 from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
 from ..plumbing.process import collapse_heap_once
@@ -41,7 +42,7 @@ from ..plumbing.protocol import (
 from ..plumbing.timing import monotonic, sleep
 from ..subworld import start_pristine
 from ..subworld.join import store_listener
-from .child import run_spare
+from .child import register_child_session, run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
 from .stacks import keep_stack_dumps, take_stacks
 
@@ -89,12 +90,15 @@ class _ChildTracebacks:
         return (yield)
 
 
-def prepare_children(config: pytest.Config) -> None:
-    """What every test child inherits from its agent: stacks it can always dump, tracebacks without our frames.
+def prepare_children(config: pytest.Config, items: Sequence[pytest.Item]) -> None:
+    """What every test child inherits from its agent: stacks it can always dump, tracebacks without our frames,
+    no fixture state of the controller's.
 
-    The agent runs no test itself, so neither touches it (issue 27).
+    The agent runs no test itself, so none of it touches the agent (issue 27); done here once, no child
+    pays for it (issue 23).
     """
     keep_stack_dumps()
+    fresh_session_state(items)
     if not config.pluginmanager.has_plugin("sprite-child-tracebacks"):
         config.pluginmanager.register(_ChildTracebacks(), "sprite-child-tracebacks")
 
@@ -160,12 +164,13 @@ class Agent:
 
     def serve(self) -> None:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
-        prepare_children(self.config)
+        prepare_children(self.config, list(self.items.values()))
         # Before any test child: the one process that forks each test's sub-world zygote on demand.
         # A launched agent's own heap (a forked one inherits the controller's decision): a child per ranks test.
         collapse_heap_once(forks=sum(1 for item in self.items.values() if item.get_closest_marker("ranks")))
         own = [self.sock.fileno()] + ([self.reserved.fileno()] if self.reserved is not None else [])
         self.pristine = start_pristine(close_fds=own)
+        register_child_session(self.config)  # after the pristine zygote: no sub-world rank holds it
         try:
             self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():

@@ -26,7 +26,7 @@ import pytest
 from .. import subworld
 from .. import world as _world
 from ..glue.markers import item_ranks_spec
-from ..glue.pytest_internals import capture_tmpfiles, fresh_child_state, record_warnings, runtestprotocol
+from ..glue.pytest_internals import capture_tmpfiles, record_warnings, runtestprotocol
 from ..glue.results import DEVICE_ATTR, set_progress_sink
 from ..glue.tmp_path import share_tmp_path, shared_test_dir
 from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
@@ -39,7 +39,10 @@ from .leftovers import lead_own_session
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["run_child", "run_spare"]
+__all__ = ["CHILD_SESSION", "ChildSession", "register_child_session", "run_child", "run_spare"]
+
+CHILD_SESSION = "sprite-child"
+"""The plugin name of :class:`ChildSession`; registered (in an agent) means this process runs test children."""
 
 
 class _Channel:
@@ -61,14 +64,28 @@ class _Channel:
 
 
 class ChildSession:
-    """Pytest hooks active inside a test child only."""
+    """Pytest hooks active inside a test child only.
 
-    def __init__(self, channel: _Channel, spec: RunSpec, listen_fd: int | None) -> None:
+    Registered once in the agent (:func:`register_child_session`) and bound to its test in each child
+    (:meth:`bind`): registering a plugin costs a child a millisecond and two hundred copy-on-write faults
+    (issue 23). Unbound (in the agent) its hooks do nothing; the agent runs no test.
+    """
+
+    channel: _Channel
+    spec: RunSpec
+
+    def __init__(self) -> None:
+        self.bound = False
+        self.listen_fd: int | None = None
+        """Rank 0: an already listening socket for the rendezvous store (the agent reserved it)."""
+        self.store: Any = None
+
+    def bind(self, channel: _Channel, spec: RunSpec, listen_fd: int | None) -> None:
+        """This child's test: where it reports, its seat, rank 0's listening socket."""
         self.channel = channel
         self.spec = spec
         self.listen_fd = listen_fd
-        """Rank 0: an already listening socket for the rendezvous store (the agent reserved it)."""
-        self.store: Any = None
+        self.bound = True
 
     def leave(self) -> None:
         """Before exiting, make sure no peer still needs this process for its rendezvous.
@@ -90,6 +107,8 @@ class ChildSession:
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Initialize device and process group before fixtures, so a failure is a setup error."""
+        if not self.bound:
+            return
         spec = item_ranks_spec(item)
         if spec is not None and not spec.init:
             self._join_without_group()
@@ -99,6 +118,8 @@ class ChildSession:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         report = yield
+        if not self.bound:
+            return report
         _annotate(report, call)
         world = _world.current_world()
         if world is not None:  # the device this rank ran on, for the per-rank outcomes of the reports
@@ -113,7 +134,8 @@ class ChildSession:
         try:
             return (yield)
         finally:
-            self._end_leftovers()
+            if self.bound:
+                self._end_leftovers()
 
     def _end_leftovers(self) -> None:
         import warnings
@@ -133,7 +155,7 @@ class ChildSession:
     @pytest.hookimpl
     def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: Any) -> None:
         """Send the test's warnings to the controller, which folds them over ranks into its summary."""
-        if when != "runtest":
+        if when != "runtest" or not self.bound:
             return
         self.channel.send(
             "warning",
@@ -260,6 +282,12 @@ def _send_uncaptured_output(config: pytest.Config, channel: _Channel, run_dir: P
         channel.send("output", text=text)
 
 
+def register_child_session(config: pytest.Config) -> None:
+    """In the agent, before it forks test children: the hooks each child binds to its test, registered once."""
+    if not config.pluginmanager.has_plugin(CHILD_SESSION):
+        config.pluginmanager.register(ChildSession(), CHILD_SESSION)
+
+
 def _die_with_parent(agent_pid: int) -> None:
     """Ask Linux to kill this child when its agent dies, so a lost agent leaves no rank behind.
 
@@ -312,12 +340,13 @@ def run_child(
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _seat(spec).export_env()
-        fresh_child_state(item)
         _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)
-        session = ChildSession(channel, spec, listen_fd)
+        session = item.config.pluginmanager.get_plugin(CHILD_SESSION)
+        if not isinstance(session, ChildSession):  # registered in the agent before it forked this child
+            raise RuntimeError(f"a test child found no {CHILD_SESSION!r} plugin: the agent registers it")
+        session.bind(channel, spec, listen_fd)
         set_progress_sink(lambda message: channel.send("progress", message=message))
-        item.config.pluginmanager.register(session, "sprite-child")
         # Warnings go to the controller, which folds them over ranks into its summary (issue 9).
         with record_warnings(item):
             runtestprotocol(item)
