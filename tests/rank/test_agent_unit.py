@@ -63,3 +63,24 @@ def test_a_child_reaped_before_its_done_frame_is_read_is_reported_once(
     with pytest.raises(BlockingIOError):
         controller.recv(1)  # one report, not two
     assert not served.exiting  # it was reaped, so nothing is left to reap later
+
+
+def test_the_child_session_is_registered_once_and_idle_until_bound(pytestconfig: pytest.Config) -> None:
+    """An agent registers the hooks every child binds (issue 23); unbound, they do nothing in the agent."""
+    from pytest_sprite.rank.child import CHILD_SESSION, ChildSession, register_child_session
+
+    manager = pytestconfig.pluginmanager
+    assert manager.get_plugin(CHILD_SESSION) is None
+    try:
+        register_child_session(pytestconfig)
+        session = manager.get_plugin(CHILD_SESSION)
+        register_child_session(pytestconfig)
+        assert manager.get_plugin(CHILD_SESSION) is session
+        assert isinstance(session, ChildSession) and not session.bound
+        session.pytest_runtest_setup(item=None)  # type: ignore[arg-type]  # never reaches the item
+        session.pytest_warning_recorded(warning_message=None, when="runtest", nodeid="", location=None)
+        assert session.store is None
+    finally:
+        plugin = manager.get_plugin(CHILD_SESSION)
+        if plugin is not None:
+            manager.unregister(plugin)
