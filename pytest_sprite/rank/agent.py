@@ -28,14 +28,13 @@ from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of
 from ..plumbing.process import collapse_heap_once
 from ..plumbing.protocol import (
     CHILD_DONE,
-    HEADER_SIZE,
     AgentReady,
     EndedBy,
     FrameReader,
     RunSpec,
     child_exited,
-    decode_frame,
     encode_frame,
+    frame_event,
     recv_frame,
     send_frame,
 )
@@ -362,7 +361,7 @@ class Agent:
             if not data:
                 return True
             for frame in child.reader.feed(data):
-                event, _ = decode_frame(frame[HEADER_SIZE:])
+                event = frame_event(frame)
                 if event == CHILD_DONE:
                     self._release_finished_child()
                     return True

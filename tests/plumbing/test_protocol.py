@@ -20,6 +20,7 @@ from pytest_sprite.plumbing.protocol import (
     child_exited,
     decode_frame,
     encode_frame,
+    frame_event,
     recv_frame,
     send_frame,
 )
@@ -118,6 +119,18 @@ def test_every_event_has_a_typed_payload_and_agent_lost_is_one_of_them() -> None
 def test_child_done_is_recognized_whatever_the_key_order() -> None:
     body = b'{"run_id":3,"rank":0,"event":"child_done"}'
     assert decode_frame(body) == ("child_done", {"run_id": 3, "rank": 0})
+
+
+def test_a_relay_reads_the_event_name_of_any_frame_without_its_payload() -> None:
+    """What an agent reads of the frames it relays (issue 23): the name, whatever the payload holds."""
+    report = encode_frame("report", {"run_id": 1, "rank": 0, "report": {"nodeid": 'a"b', "event": "x"}})
+    assert frame_event(report) == "report"
+    assert frame_event(encode_frame("child_done", {"run_id": 1, "rank": 0})) == "child_done"
+    reordered = b'{"run_id":3,"event":"child_done"}'  # not made by encode_frame: decoded whole
+    assert frame_event(len(reordered).to_bytes(HEADER_SIZE, "big") + reordered) == "child_done"
+    bogus = b'{"event":"bogus","run_id":3}'
+    with pytest.raises(ValueError, match=r"unknown event 'bogus'"):
+        frame_event(len(bogus).to_bytes(HEADER_SIZE, "big") + bogus)
 
 
 def test_an_oversized_first_frame_is_refused_before_its_body_is_read() -> None:
