@@ -14,7 +14,8 @@ prints the marginal cost of one more sprite test (a session of ``--marginal-test
 1-test session run just before it, over the difference; the median of ``--runs`` such pairs: over 20 tests
 the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
-forked from left in 4 KiB pages). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
+forked from left in 4 KiB pages), and its CPU and minor page faults counted over every process of the session
+(steadier than wall time on a shared machine, which moves them less). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
 (packed and ``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the
 rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests,
 median of ``--runs``) is what a test costs this design with no harness at all (its median test): two ranks
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -179,12 +181,15 @@ FORK_FLOOR = textwrap.dedent(
     collapse_heap_once(forks=2 * {n})
     one_test()
     times = []
+    before = os.times()
     for _ in range({n}):
         start = time.perf_counter()
         one_test()
         times.append(time.perf_counter() - start)
+    after = os.times()
+    cpu = sum(after[i] - before[i] for i in range(4)) / {n}
     times.sort()
-    print(times[len(times) // 2])
+    print(times[len(times) // 2], cpu)
     """
 )
 """The design's floor, no pytest: a process that imported torch forks the two ranks of each test, which join
@@ -201,15 +206,28 @@ def free_port() -> int:
         return port
 
 
-def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+def counted(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int]:
+    """Wall seconds, and the CPU seconds and minor page faults of every process of the run.
+
+    ``RUSAGE_CHILDREN`` holds what each descendant used once its parent waited for it: the harness reaps its
+    agents, the agents their test children. CPU and faults are counted, not timed, so a busy machine
+    moves them less than it moves the wall time.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(
             f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu, after.ru_minflt - before.ru_minflt
+
+
+def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    return counted(argv, cwd, env)[0]
 
 
 def median_of(runs: int, argv: list[str], cwd: Path, env: dict[str, str]) -> float:
@@ -219,17 +237,19 @@ def median_of(runs: int, argv: list[str], cwd: Path, env: dict[str, str]) -> flo
 
 def marginal_of(
     runs: int, short: list[str], long: list[str], cwd: Path, env: dict[str, str]
-) -> tuple[float, float, float]:
-    """Medians of a short and a long session, and of their difference, the two run in turns.
+) -> tuple[float, float, float, float, float]:
+    """Medians of a short and a long session, and of their differences (wall, CPU, page faults), run in turns.
 
     Run one after the other, each pair sees the same machine: the median of the differences drifts less
     with a shared machine's speed than the difference of two medians taken minutes apart.
     """
-    pairs = [(timed(short, cwd, env), timed(long, cwd, env)) for _ in range(runs)]
+    pairs = [(counted(short, cwd, env), counted(long, cwd, env)) for _ in range(runs)]
     return (
-        statistics.median(a for a, _ in pairs),
-        statistics.median(b for _, b in pairs),
-        statistics.median(b - a for a, b in pairs),
+        statistics.median(a[0] for a, _ in pairs),
+        statistics.median(b[0] for _, b in pairs),
+        statistics.median(b[0] - a[0] for a, b in pairs),
+        statistics.median(b[1] - a[1] for a, b in pairs),
+        statistics.median(b[2] - a[2] for a, b in pairs),
     )
 
 
@@ -298,11 +318,13 @@ def main() -> None:
         ("_off", ["--pack=off"], only_sprite),
         ("_4k", [], small_pages),
     ):
-        short, long, difference = marginal_of(
+        short, long, difference, cpu, faults = marginal_of(
             runs, [*sprite_argv, *extra, "sprite_1"], [*sprite_argv, *extra, "sprite_n1"], work, environ
         )
         results["sprite_1" + suffix], results["sprite_n1" + suffix] = short, long
         results["marginal" + suffix] = difference / (m - 1)
+        results["marginal_cpu" + suffix] = cpu / (m - 1)
+        results["marginal_faults" + suffix] = faults / (m - 1)
     # The 20-test sessions, packed and not, and torch's harness in turns: each ratio is taken within a round.
     rounds = [
         (
@@ -325,14 +347,17 @@ def main() -> None:
     )
     floor_script = work / "fork_floor.py"
     floor_script.write_text(FORK_FLOOR.format(n=m - 1))
-    results["fork_floor"] = statistics.median(
-        float(
-            subprocess.run(
+    floor_runs = [
+        [
+            float(x)
+            for x in subprocess.run(
                 [sys.executable, str(floor_script)], env=env, check=True, capture_output=True, text=True
-            ).stdout
-        )
+            ).stdout.split()
+        ]
         for _ in range(runs)
-    )
+    ]
+    results["fork_floor"] = statistics.median(r[0] for r in floor_runs)
+    results["fork_floor_cpu"] = statistics.median(r[1] for r in floor_runs)
     start = time.perf_counter()
     for _ in range(n):
         pair(worker, 1, env)
@@ -363,6 +388,8 @@ def main() -> None:
         (f"pytest-sprite marginal cost of one more test ({m} tests - 1, over {m - 1})", marginal),
         ("  the same with --pack=off", marginal_off),
         ("  the same with SPRITE_HUGE_PAGES=0 (4 KiB pages)", marginal_4k),
+        ("  its CPU, every process of the session (counted)", results["marginal_cpu"]),
+        ("  the same with SPRITE_HUGE_PAGES=0", results["marginal_cpu_4k"]),
         ("  tmp_path, per test that uses it", (results["sprite_tmp_path"] - results["sprite"]) / n),
         (
             "  a 2-rank sub-world, per test that starts one",
@@ -372,6 +399,7 @@ def main() -> None:
             f"fork floor, median test: 2 forked ranks, a fresh gloo group, one all_reduce, no pytest ({m - 1} tests)",
             results["fork_floor"],
         ),
+        ("  its CPU per test, the forking process and both ranks (counted)", results["fork_floor_cpu"]),
         ("cold spawn, one test", cold_one),
     ]
     load_after = os.getloadavg()
@@ -384,6 +412,10 @@ def main() -> None:
     print(f"{'what':58} {'wall s':>8}")
     for what, seconds in rows:
         print(f"{what:58} {seconds:8.3f}")
+    print(
+        f"(minor page faults of one more test, every process: {results['marginal_faults']:.0f}; "
+        f"with SPRITE_HUGE_PAGES=0 {results['marginal_faults_4k']:.0f})"
+    )
     print(
         f"(the {m}-test and 1-test sessions of the marginal cost, in turns: {results['sprite_n1']:.2f} s and "
         f"{results['sprite_1']:.2f} s; the marginal cost is the median of their {runs} differences, over {m - 1})"
