@@ -15,9 +15,9 @@ prints the marginal cost of one more sprite test (a session of ``--marginal-test
 the figure moved by 20 ms between two quiet runs)
 against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
 forked from left in 4 KiB pages), and its CPU and minor page faults counted over every process of the session
-(steadier than wall time on a shared machine, which moves them less). Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions
-(packed and ``--pack=off``) and torch's harness run in turns, and each ratio to torch's is the median of the
-rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests,
+(a shared machine moves them less than it moves wall time). Sessions are the median of ``--runs`` runs
+(default 3); the 20-test sessions (packed and ``--pack=off``) and torch's harness run in turns, and each
+ratio to torch's is the median of the rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests,
 median of ``--runs``) is what a test costs this design with no harness at all (its median test): two ranks
 forked from a process that imported torch, a fresh gloo group, one all_reduce, exit. The load average is
 printed before and after: on a shared machine the figures move with it.

@@ -288,9 +288,9 @@ def skip_static_destructors_at_exit() -> bool:
     session's process took to exit on the 2-core test machine after it had said everything. Registered
     here, ``_exit`` runs before them (the C library calls exit handlers last registered first) with the
     exit status ``exit`` was given. Python's finalization still runs whole (atexit handlers, ``sys.stdout``
-    and ``sys.stderr`` flushed, modules torn down); C stdio buffers are flushed by a Python atexit handler. Call it late, once the libraries
-    are loaded (those loaded later still run their destructors). Once per process; False where the C
-    library has no ``on_exit`` (not glibc) or ``SPRITE_FAST_EXIT=0``.
+    and ``sys.stderr`` flushed, modules torn down); C stdio buffers are flushed by a Python atexit handler.
+    Call it late, once the libraries are loaded (those loaded later still run their destructors). Once per
+    process; False where the C library has no ``on_exit`` (not glibc) or ``SPRITE_FAST_EXIT=0``.
     """
     global _FAST_EXIT_SET
     if _FAST_EXIT_SET or os.environ.get("SPRITE_FAST_EXIT", "1") == "0":
