@@ -41,11 +41,13 @@ __all__ = [
 
 _NAME_CHARS: Final = 30
 """pytest's own limit on a ``tmp_path`` directory name (``_pytest.tmpdir._mk_tmp``)."""
+_NOT_A_WORD_CHAR: Final = re.compile(r"[\W]")
+"""Compiled at import, so every forked test child inherits it instead of compiling it again (issue 23)."""
 
 
 def tmp_path_name(item_name: str) -> str:
     """The prefix pytest gives the ``tmp_path`` of a test called ``item_name``."""
-    return re.sub(r"[\W]", "_", item_name)[:_NAME_CHARS]
+    return _NOT_A_WORD_CHAR.sub("_", item_name)[:_NAME_CHARS]
 
 
 TMP_FIXTURES: Final = frozenset({"tmp_path", "tmpdir", "tmp_path_factory", "tmpdir_factory"})

@@ -83,9 +83,12 @@ def started_nothing() -> bool:
     """
     try:
         for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/children", "rb") as children:
-                if children.read().strip():
+            fd = os.open(f"/proc/self/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+            try:  # three system calls a thread, where a buffered file object takes seven
+                if os.read(fd, 64).strip():
                     return False
+            finally:
+                os.close(fd)
     except OSError:
         return False
     return True

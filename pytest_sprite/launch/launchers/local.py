@@ -117,6 +117,10 @@ class LocalLauncher:
         preimport_torch()
         # What many tests need alike, loaded once here: every agent, test child and zygote copies it.
         config = request.config
+        for item in request.items.values():
+            # pytest works out an item's location (relative path, line) on first use, in each process
+            # that reports it: once here, and the controller and every test child reuse it (issue 23).
+            item.location  # noqa: B018
         with computing_before_fork():
             config.hook.pytest_sprite_before_fork(config=config, items=list(request.items.values()))
         # Freeze the collected heap (torch's included) out of the cyclic collector: agents and their
