@@ -9,19 +9,24 @@ The same 20 trivial 2-rank tests (one all_reduce each) run four ways:
 
 The sprite session also runs with ``--collective-check`` (an extra fingerprint collective before each
 collective), with ``--pack=off``, and with tests that use a feature (each writes to ``tmp_path``; each
-starts a 2-rank sub-world), so what a feature costs shows on the tests that use it and nowhere else. It
-prints the marginal cost of one more sprite test (a session of ``--marginal-tests`` tests, default 61, minus a
-1-test session run just before it, over the difference; the median of ``--runs`` such pairs: over 20 tests
-the figure moved by 20 ms between two quiet runs)
-against one cold spawn, packed, with ``--pack=off`` and with ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are
-forked from left in 4 KiB pages), and its CPU and minor page faults counted over every process of the session
-(a shared machine moves them less than it moves wall time). Sessions are the median of ``--runs`` runs
-(default 3); the 20-test sessions (packed and ``--pack=off``) and torch's harness run in turns, and each
-ratio to torch's is the median of the rounds' ratios; the cold spawns and the floor run once. The fork floor (``--marginal-tests`` - 1 tests,
-median of ``--runs``) is what a test costs this design with no harness at all (its median test): two ranks
-forked from a process that imported torch, a fresh gloo group, one all_reduce, exit. The load average is
-printed before and after: on a shared machine the figures move with it.
-Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61]``.
+starts a 2-rank sub-world), so what a feature costs shows on the tests that use it and nowhere else.
+
+The marginal cost of one more sprite test is a session of ``--marginal-tests`` tests (default 61) minus
+a 1-test session run just before it, over the difference: the median of ``--runs`` such pairs (over 20
+tests the figure moved by 20 ms between two quiet runs), packed, with ``--pack=off`` and with
+``SPRITE_HUGE_PAGES=0`` (the heap the ranks are forked from left in 4 KiB pages), with its CPU and minor
+page faults counted over every process of the session (a shared machine moves them less than it moves
+wall time). ``--spawns`` cold spawns (default 5) follow each pair, and the ratio of one cold spawn to
+one more test is the median of the rounds' own ratios.
+
+Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions (packed and ``--pack=off``)
+and torch's harness run in turns, and each ratio to torch's is the median of the rounds' ratios; the
+one-pool floor runs once. The fork floor (``--marginal-tests`` - 1 tests, median of ``--runs``) is what a
+test costs this design with no harness at all (its median test): two ranks forked from a process that
+imported torch, a fresh gloo group, one all_reduce, exit. The load average is printed before and after:
+on a shared machine the figures move with it.
+
+Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61] [--spawns 5]``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 SPRITE_TEST = textwrap.dedent(
@@ -235,31 +242,67 @@ def median_of(runs: int, argv: list[str], cwd: Path, env: dict[str, str]) -> flo
     return statistics.median(timed(argv, cwd, env) for _ in range(runs))
 
 
+@dataclass(frozen=True)
+class Marginal:
+    """One more test, from a short and a long session run in turns, with cold spawns beside each pair."""
+
+    short: float
+    long: float
+    wall: float
+    """Median difference of the pairs' wall times (the long session's extra tests' total)."""
+    cpu: float
+    faults: float
+    spawns_per_test: float
+    """Median over the rounds of (one cold spawn / one more test), each round's own spawns against its pair."""
+    spawns: list[float]
+
+
 def marginal_of(
-    runs: int, short: list[str], long: list[str], cwd: Path, env: dict[str, str]
-) -> tuple[float, float, float, float, float]:
+    runs: int,
+    short: list[str],
+    long: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    *,
+    extra_tests: int,
+    spawn: Callable[[], float],
+    spawns: int,
+) -> Marginal:
     """Medians of a short and a long session, and of their differences (wall, CPU, page faults), run in turns.
 
     Run one after the other, each pair sees the same machine: the median of the differences drifts less
-    with a shared machine's speed than the difference of two medians taken minutes apart.
+    with a shared machine's speed than the difference of two medians taken minutes apart. ``spawns`` cold
+    spawns follow each pair, so the ratio of the two is taken within a round too: this machine's cold
+    spawn took 1.4 s in one run and 1.8 s in another the same morning.
     """
-    pairs = [(counted(short, cwd, env), counted(long, cwd, env)) for _ in range(runs)]
-    return (
-        statistics.median(a[0] for a, _ in pairs),
-        statistics.median(b[0] for _, b in pairs),
-        statistics.median(b[0] - a[0] for a, b in pairs),
-        statistics.median(b[1] - a[1] for a, b in pairs),
-        statistics.median(b[2] - a[2] for a, b in pairs),
+    rounds = []
+    for _ in range(runs):
+        a, b = counted(short, cwd, env), counted(long, cwd, env)
+        rounds.append((a, b, [spawn() for _ in range(spawns)]))
+    return Marginal(
+        short=statistics.median(a[0] for a, _, _ in rounds),
+        long=statistics.median(b[0] for _, b, _ in rounds),
+        wall=statistics.median(b[0] - a[0] for a, b, _ in rounds),
+        cpu=statistics.median(b[1] - a[1] for a, b, _ in rounds),
+        faults=statistics.median(b[2] - a[2] for a, b, _ in rounds),
+        spawns_per_test=statistics.median(
+            statistics.mean(c) / ((b[0] - a[0]) / extra_tests) if b[0] > a[0] else float("inf")
+            for a, b, c in rounds
+        ),
+        spawns=[t for _, _, c in rounds for t in c],
     )
 
 
-def pair(worker: Path, rounds: int, env: dict[str, str]) -> None:
+def pair(worker: Path, rounds: int, env: dict[str, str]) -> float:
+    """Wall seconds of two new Pythons that import torch, join a gloo group and all_reduce ``rounds`` times."""
+    start = time.perf_counter()
     port = str(free_port())
     procs = [
         subprocess.Popen([sys.executable, str(worker), str(r), port, str(rounds)], env=env) for r in (0, 1)
     ]
     if any(p.wait() != 0 for p in procs):
         raise SystemExit("cold spawn worker failed")
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -268,6 +311,9 @@ def main() -> None:
     )
     parser.add_argument("--tests", type=int, default=20)
     parser.add_argument("--runs", type=int, default=3, help="median of this many runs of each session")
+    parser.add_argument(
+        "--spawns", type=int, default=5, help="cold spawns after each pair of sessions of the marginal cost"
+    )
     parser.add_argument(
         "--marginal-tests",
         type=int,
@@ -278,6 +324,8 @@ def main() -> None:
     n, runs, m = args.tests, args.runs, args.marginal_tests
     if m < 2:
         parser.error(f"--marginal-tests must be at least 2, not {m}")
+    if args.spawns < 1:
+        parser.error(f"--spawns must be at least 1, not {args.spawns}")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     work = Path(tempfile.mkdtemp(prefix="sprite-bench-"))
     for name, text, count in (
@@ -311,6 +359,8 @@ def main() -> None:
     compileall.compile_dir(Path(pytest_sprite.__file__).parent, quiet=1)
     load_before = os.getloadavg()
     results: dict[str, float] = {}
+    spawns_per_test: dict[str, float] = {}
+    spawn_times: list[float] = []
     # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.
     small_pages = dict(only_sprite, SPRITE_HUGE_PAGES="0")
     for suffix, extra, environ in (
@@ -318,13 +368,22 @@ def main() -> None:
         ("_off", ["--pack=off"], only_sprite),
         ("_4k", [], small_pages),
     ):
-        short, long, difference, cpu, faults = marginal_of(
-            runs, [*sprite_argv, *extra, "sprite_1"], [*sprite_argv, *extra, "sprite_n1"], work, environ
+        one = marginal_of(
+            runs,
+            [*sprite_argv, *extra, "sprite_1"],
+            [*sprite_argv, *extra, "sprite_n1"],
+            work,
+            environ,
+            extra_tests=m - 1,
+            spawn=lambda: pair(worker, 1, env),
+            spawns=args.spawns,
         )
-        results["sprite_1" + suffix], results["sprite_n1" + suffix] = short, long
-        results["marginal" + suffix] = difference / (m - 1)
-        results["marginal_cpu" + suffix] = cpu / (m - 1)
-        results["marginal_faults" + suffix] = faults / (m - 1)
+        results["sprite_1" + suffix], results["sprite_n1" + suffix] = one.short, one.long
+        results["marginal" + suffix] = one.wall / (m - 1)
+        results["marginal_cpu" + suffix] = one.cpu / (m - 1)
+        results["marginal_faults" + suffix] = one.faults / (m - 1)
+        spawns_per_test[suffix] = one.spawns_per_test
+        spawn_times += one.spawns
     # The 20-test sessions, packed and not, and torch's harness in turns: each ratio is taken within a round.
     rounds = [
         (
@@ -358,19 +417,13 @@ def main() -> None:
     ]
     results["fork_floor"] = statistics.median(r[0] for r in floor_runs)
     results["fork_floor_cpu"] = statistics.median(r[1] for r in floor_runs)
-    start = time.perf_counter()
-    for _ in range(n):
-        pair(worker, 1, env)
-    results["cold"] = time.perf_counter() - start
-    start = time.perf_counter()
-    pair(worker, n, env)
-    results["floor"] = time.perf_counter() - start
+    results["floor"] = pair(worker, n, env)
 
     marginal, marginal_off, marginal_4k = (results[f"marginal{s}"] for s in ("", "_off", "_4k"))
-    cold_one = results["cold"] / n
+    cold_one = statistics.median(spawn_times)
 
-    def share(cost: float) -> str:
-        return f"1/{cold_one / cost:.0f}" if cost > 0 else "below the noise"
+    def share(spawns: float) -> str:
+        return f"1/{spawns:.0f}" if spawns != float("inf") else "below the noise"
 
     rows = [
         (f"pytest-sprite, {n} tests (fresh processes per test)", results["sprite"]),
@@ -383,7 +436,6 @@ def main() -> None:
         ("  the same, each test writing to tmp_path", results["sprite_tmp_path"]),
         ("  the same, each test starting a 2-rank sub-world", results["sprite_subworld"]),
         (f"torch MultiProcContinuousTest, {n} tests (warm, shared)", results["mpct"]),
-        (f"cold spawn per test, {n} tests", results["cold"]),
         (f"floor: one pool, {n} all_reduces", results["floor"]),
         (f"pytest-sprite marginal cost of one more test ({m} tests - 1, over {m - 1})", marginal),
         ("  the same with --pack=off", marginal_off),
@@ -400,7 +452,10 @@ def main() -> None:
             results["fork_floor"],
         ),
         ("  its CPU per test, the forking process and both ranks (counted)", results["fork_floor_cpu"]),
-        ("cold spawn, one test", cold_one),
+        (
+            f"cold spawn, one test (median of {len(spawn_times)}, {args.spawns} after each pair above)",
+            cold_one,
+        ),
     ]
     load_after = os.getloadavg()
     print(f"cpu cores: {os.cpu_count()}, torch threads per rank: 1, sessions: median of {runs} runs")
@@ -424,10 +479,13 @@ def main() -> None:
     print(f"sprite / MultiProcContinuousTest:           {ratio:.2f}   (target <= 0.30)")
     print(f"  with --pack=off:                          {ratio_off:.2f}   (target <= 0.30)")
     print(f"  (the median of {runs} rounds, each running the two sprite sessions and torch's in turns)")
-    print(f"sprite marginal / cold spawn:               {share(marginal)}   (target <= 1/60)")
-    print(f"  with --pack=off:                          {share(marginal_off)}   (target <= 1/60)")
-    print(f"  with SPRITE_HUGE_PAGES=0:                 {share(marginal_4k)}")
-    print(f"fork floor / cold spawn:                    {share(results['fork_floor'])}   (no harness at all)")
+    print(f"sprite marginal / cold spawn:               {share(spawns_per_test[''])}   (target <= 1/60)")
+    print(f"  with --pack=off:                          {share(spawns_per_test['_off'])}   (target <= 1/60)")
+    print(f"  with SPRITE_HUGE_PAGES=0:                 {share(spawns_per_test['_4k'])}")
+    print(f"  (the median of {runs} rounds, each a pair of sessions and {args.spawns} cold spawns in turns)")
+    print(
+        f"fork floor / cold spawn:                    {share(cold_one / results['fork_floor'])}   (no harness at all)"
+    )
     print(f"sprite marginal / fork floor:               {marginal / results['fork_floor']:.2f}")
     print(f"sprite / floor:                             {results['sprite'] / results['floor']:.2f}")
 
