@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import socket
 import statistics
@@ -213,6 +214,16 @@ def free_port() -> int:
         return port
 
 
+STALL = 4.5
+"""Seconds of one test phase that mark a stall, not the harness: glibc waits 5 s for a DNS answer that never
+came (torch's store client asks for the name of ``::ffff:127.0.0.1``; this machine's resolver drops about one
+query in a hundred). pytest's ``--durations`` names such phases; the bench counts the sessions that had one."""
+_PHASE = re.compile(r"^\s*(\d+\.\d+)s (setup|call|teardown)\s+(\S+)", re.MULTILINE)
+stalled: list[str] = []
+"""Every pytest session of the run that had a phase of :data:`STALL` seconds or more, and that phase."""
+sessions = 0
+
+
 def counted(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float, int]:
     """Wall seconds, and the CPU seconds and minor page faults of every process of the run.
 
@@ -220,6 +231,7 @@ def counted(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, flo
     agents, the agents their test children. CPU and faults are counted, not timed, so a busy machine
     moves them less than it moves the wall time.
     """
+    global sessions
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
@@ -230,6 +242,13 @@ def counted(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, flo
             f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if "pytest" in argv:
+        sessions += 1
+        stalled.extend(
+            f"{' '.join(argv[argv.index('pytest') + 1 :])}: {m[3]} {m[2]} {m[1]} s"
+            for m in _PHASE.finditer(proc.stdout)
+            if float(m[1]) >= STALL
+        )
     return elapsed, cpu, after.ru_minflt - before.ru_minflt
 
 
@@ -344,7 +363,10 @@ def main() -> None:
     # CPU ranks everywhere, as in the other three ways (a GPU machine would otherwise give the ranks its GPU).
     # Only this plugin is loaded: other installed pytest plugins cost their own import time (hypothesis's
     # alone is about 0.7 s here), which is not dispatch; the session with every plugin is printed beside it.
-    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sprite-device=cpu"]
+    pytest_argv = [
+        *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sprite-device=cpu"),
+        *("--durations=3", f"--durations-min={STALL}"),
+    ]
     only_sprite = dict(env, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     sprite_argv = [*pytest_argv, "-p", "pytest_sprite.plugin"]
 
@@ -488,6 +510,13 @@ def main() -> None:
     )
     print(f"sprite marginal / fork floor:               {marginal / results['fork_floor']:.2f}")
     print(f"sprite / floor:                             {results['sprite'] / results['floor']:.2f}")
+    print()
+    print(
+        f"pytest sessions with a test phase of {STALL} s or more (a dropped reverse DNS query, not the harness): "
+        f"{len(stalled)} of {sessions}"
+    )
+    for line in stalled:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":
