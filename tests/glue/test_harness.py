@@ -544,6 +544,30 @@ def test_each_rank_finds_the_child_hooks_bound_to_its_own_test(pytester: pytest.
     result.assert_outcomes(passed=2)
 
 
+def test_each_rank_inherits_its_items_location(pytester: pytest.Pytester) -> None:
+    """pytest works out ``Item.location`` on first use, per process: the local launcher does it before it forks,
+    so a test child finds it made before its first report needs it (issue 23)."""
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_setup(item):
+            item.stash_location_was_inherited = "location" in item.__dict__
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_location(world, request):
+            assert request.node.stash_location_was_inherited
+        """
+    )
+    run(pytester).assert_outcomes(passed=1)
+
+
 def test_a_session_without_assertions_loads_no_assertion_tables(pytester: pytest.Pytester) -> None:
     """What the report forms need for assertions is imported only when a test made one (issue 23)."""
     pytester.makeconftest(
