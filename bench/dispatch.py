@@ -216,8 +216,8 @@ def free_port() -> int:
 
 STALL = 4.5
 """Seconds of one test phase that mark a stall, not the harness: glibc waits 5 s for a DNS answer that never
-came (torch's store client asks for the name of ``::ffff:127.0.0.1``; this machine's resolver drops about one
-query in a hundred). pytest's ``--durations`` names such phases; the bench counts the sessions that had one."""
+came (torch's store client asks for the name of ``::ffff:127.0.0.1``; this machine's resolver drops between one
+query in 50 and one in 400). pytest's ``--durations`` names such phases; the bench counts the sessions that had one."""
 _PHASE = re.compile(r"^\s*(\d+\.\d+)s (setup|call|teardown)\s+(\S+)", re.MULTILINE)
 stalled: list[str] = []
 """Every pytest session of the run that had a phase of :data:`STALL` seconds or more, and that phase."""
