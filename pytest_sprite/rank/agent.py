@@ -39,9 +39,9 @@ from ..plumbing.protocol import (
     send_frame,
 )
 from ..plumbing.timing import monotonic, sleep
-from ..subworld import start_pristine
+from ..subworld import Pristine
 from ..subworld.join import store_listener
-from .child import register_child_session, run_spare
+from .child import forget_child_session, register_child_session, run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
 from .stacks import keep_stack_dumps, take_stacks
 
@@ -139,8 +139,9 @@ class Agent:
         self.reserved: socket.socket | None = None
         self.exiting: list[int] = []
         self.spare: _Spare | None = None
-        self.pristine: socket.socket | None = None
-        """The agent's pristine sub-world zygote (``subworld.zygote``), from which a test's own is forked."""
+        self.pristine: Pristine | None = None
+        """The agent's pristine sub-world zygote (``subworld.zygote``), from which a test's own is forked:
+        forked the first time a test child asks for one."""
         self._spares = 0
         """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
@@ -164,12 +165,11 @@ class Agent:
     def serve(self) -> None:
         """Run commands until told to stop; always reaps the child and removes the work dir."""
         prepare_children(self.config, list(self.items.values()))
-        # Before any test child: the one process that forks each test's sub-world zygote on demand.
         # A launched agent's own heap (a forked one inherits the controller's decision): a child per ranks test.
         collapse_heap_once(forks=sum(1 for item in self.items.values() if item.get_closest_marker("ranks")))
-        own = [self.sock.fileno()] + ([self.reserved.fileno()] if self.reserved is not None else [])
-        self.pristine = start_pristine(close_fds=own)
-        register_child_session(self.config)  # after the pristine zygote: no sub-world rank holds it
+        # Before any test child: where they ask for a sub-world zygote (forked at the first request).
+        self.pristine = Pristine()
+        register_child_session(self.config)
         try:
             self._fork_spare()  # the first test's child prepares while the other agents start
             while self._loop_once():
@@ -185,13 +185,19 @@ class Agent:
             self._reap_exiting(block=True)
             if self.pristine is not None:
                 self.pristine.close()
+                self.pristine = None
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _loop_once(self) -> bool:
         watched: list[Any] = [self.sock]
         if self.child is not None and not self.child.eof:
             watched.append(self.child.rfd)
+        asking = self.pristine.waiting() if self.pristine is not None else None
+        if asking is not None:
+            watched.append(asking)
         readable, _, _ = select.select(watched, [], [], 0.1)
+        if asking is not None and asking in readable:
+            self._start_pristine()
         if self.child is not None and self.child.rfd in readable:
             eof = self._relay_child_output()
             if eof and self.child is not None:  # closed by exiting: reap it now, not at the next tick
@@ -262,6 +268,19 @@ class Agent:
                 listener.close()  # the child holds its own copy
         self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
 
+    def _start_pristine(self) -> None:
+        """A test child asked for its first sub-world: fork the pristine zygote that serves them."""
+        assert self.pristine is not None
+        own = [self.sock.fileno()]
+        if self.reserved is not None:
+            own.append(self.reserved.fileno())
+        if self.child is not None:
+            own.append(self.child.rfd)
+        if self.spare is not None:
+            own += [self.spare.control.fileno(), self.spare.rfd]
+        config = self.config
+        self.pristine.start(close_fds=own, forget=lambda: forget_child_session(config))
+
     # -- spare children ----------------------------------------------------------------------
 
     def _fork_spare(self) -> None:
@@ -290,13 +309,15 @@ class Agent:
                     self.reserved.close()
                 if self.child is not None:
                     os.close(self.child.rfd)
+                if self.pristine is not None:
+                    self.pristine.close_in_child()
                 run_spare(
                     control=child_end,
                     items=self.items,
                     write_fd=wfd,
                     run_dir=run_dir,
                     agent_pid=agent_pid,
-                    pristine=self.pristine,
+                    pristine=self.pristine.client if self.pristine is not None else None,
                 )
             finally:
                 os._exit(70)

@@ -39,7 +39,14 @@ from .leftovers import lead_own_session
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CHILD_SESSION", "ChildSession", "register_child_session", "run_child", "run_spare"]
+__all__ = [
+    "CHILD_SESSION",
+    "ChildSession",
+    "forget_child_session",
+    "register_child_session",
+    "run_child",
+    "run_spare",
+]
 
 CHILD_SESSION = "sprite-child"
 """The plugin name of :class:`ChildSession`; registered (in an agent) means this process runs test children."""
@@ -286,6 +293,12 @@ def register_child_session(config: pytest.Config) -> None:
     """In the agent, before it forks test children: the hooks each child binds to its test, registered once."""
     if not config.pluginmanager.has_plugin(CHILD_SESSION):
         config.pluginmanager.register(ChildSession(), CHILD_SESSION)
+
+
+def forget_child_session(config: pytest.Config) -> None:
+    """In a process forked from the agent that runs no test (its sub-world zygote): drop the child hooks."""
+    if config.pluginmanager.has_plugin(CHILD_SESSION):
+        config.pluginmanager.unregister(name=CHILD_SESSION)
 
 
 def _die_with_parent(agent_pid: int) -> None:

@@ -32,13 +32,14 @@ from .host import _subworld_place as _subworld_place
 from .plan import KillAt, KillPlan, KillPoint
 from .rank import emit, in_subworld, kill_point
 from .result import RankOutcome, SubworldError, SubworldResult
-from .zygote import Zygote, set_pristine, start_pristine, zygote_pid
+from .zygote import Pristine, Zygote, set_pristine, zygote_pid
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "KillAt",
     "KillPlan",
     "KillPoint",
+    "Pristine",
     "RankOutcome",
     "SubworldError",
     "SubworldResult",
@@ -48,6 +49,5 @@ __all__ = [
     "kill_point",
     "run_subworld",
     "set_pristine",
-    "start_pristine",
     "zygote_pid",
 ]

@@ -1,9 +1,9 @@
 """Forking sub-world ranks: directly from a plain test's process, or through the test child's zygote.
 
 A zygote is a process that never touched a device or a process group (issue 11); forking a sub-world's
-rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote when it
-starts (:func:`start_pristine`); the first ``run_subworld`` of a test child asks it for that test's own
-zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds, leads a session of its own (so what
+rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote the first
+time one of its test children asks for one (:class:`Pristine`); the first ``run_subworld`` of a test child
+asks it for that test's own zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds, leads a session of its own (so what
 its ranks leave running is found and named with the test's leftovers) and ends with the test child. A
 test that never starts a sub-world pays nothing for them (issue 23).
 """
@@ -16,7 +16,7 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 from pytest_sprite.plumbing.process import computing_before_fork, die_with_parent, one_thread_after_fork
@@ -33,10 +33,10 @@ from .rank import rank_main
 __all__ = [
     "DirectForker",
     "Forker",
+    "Pristine",
     "Zygote",
     "current_zygote",
     "set_pristine",
-    "start_pristine",
     "zygote_pid",
 ]
 
@@ -158,29 +158,60 @@ class Zygote:
             pass
 
 
-def start_pristine(close_fds: Sequence[int] = ()) -> socket.socket:
-    """Fork the agent's pristine zygote now; call before the agent forks any test child.
+class Pristine:
+    """A rank agent's pristine zygote, forked the first time one of its test children starts a sub-world.
 
-    Returns the socket test children ask it on (:meth:`Zygote.connect`); it ends with the agent.
-    ``close_fds``: the agent's descriptors it must not hold (its connection to the controller).
+    Test children ask on :attr:`client` (:meth:`Zygote.connect`), which every child inherits from the agent.
+    Until the first request the zygote is only a socket pair: the agent watches :meth:`waiting` and calls
+    :meth:`start` when a request is there, so a session whose tests start no sub-world forks no zygote (two
+    forks, their exits and ~30 ms of CPU a session on the 2-core test machine, issue 23). Forked later
+    than at the agent's start, it is still a copy of a process that never touched a device or a process
+    group, computed nothing and runs no thread: the agent does none of those.
     """
-    parent, child = socket.socketpair()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            parent.close()
-            for fd in close_fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            _pristine_main(child)
-        finally:
-            os._exit(70)
-    child.close()
-    return parent
+
+    def __init__(self) -> None:
+        self.client, self._serve = socket.socketpair()
+        self.pid: int | None = None
+
+    def waiting(self) -> socket.socket | None:
+        """The socket on which the first request arrives while no zygote runs; None once one does."""
+        return self._serve if self.pid is None else None
+
+    def start(self, *, close_fds: Sequence[int], forget: Callable[[], None]) -> None:
+        """Fork the pristine zygote now; it answers the request waiting on the socket and every later one.
+
+        ``close_fds``: the agent's descriptors it must not hold (its connection to the controller, its test
+        children's pipes). ``forget`` runs in the zygote first: drop what the agent holds for its test
+        children, so no sub-world rank holds it.
+        """
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.client.close()
+                for fd in close_fds:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                forget()
+                _pristine_main(self._serve)
+            finally:
+                os._exit(70)
+        self._serve.close()
+        self.pid = pid
+
+    def close_in_child(self) -> None:
+        """In a test child of the agent: hold only the asking end."""
+        if self.pid is None:
+            self._serve.close()
+
+    def close(self) -> None:
+        """The agent is done: the zygote, once every test child has closed its end too, ends."""
+        self.client.close()
+        if self.pid is None:
+            self._serve.close()
 
 
 def _pristine_main(sock: socket.socket) -> NoReturn:

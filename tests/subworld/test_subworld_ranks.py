@@ -129,3 +129,54 @@ def test_what_sub_world_ranks_leave_running_is_ended_and_named(pytester: pytest.
     assert text.count("left 1 process running after the test") == 2
     assert text.count("sleep 67 (ended by SIGTERM)") == 2
     assert "test_no_sub_world" not in text.split("warnings summary")[1]
+
+
+def test_an_agent_forks_its_pristine_zygote_at_its_first_sub_world(pytester: pytest.Pytester) -> None:
+    """A session pays for sub-worlds only once a test starts one (issue 23): until then every process an
+    agent forked is a test child or its spare, each leading a session of its own; the first sub-world forks
+    the agent's pristine zygote (which leads none), and later tests find that one still serving."""
+    pytester.makepyfile(subfns=FUNCTIONS)
+    pytester.makepyfile(
+        """
+        import os
+        import time
+        import pytest
+        from pytest_sprite import run_subworld
+        from subfns import where
+
+        def zygotes_of_my_agent(expected):
+            # A spare leads its session from its first statement: wait out one that was just forked.
+            agent, deadline = os.getppid(), time.monotonic() + 20
+            while True:
+                children = set()
+                for tid in os.listdir(f"/proc/{agent}/task"):
+                    with open(f"/proc/{agent}/task/{tid}/children") as f:
+                        children |= {int(pid) for pid in f.read().split()}
+                others = []
+                for pid in children - {os.getpid()}:
+                    try:
+                        if os.getsid(pid) != pid:
+                            others.append(pid)
+                    except ProcessLookupError:
+                        pass
+                if len(others) == expected or time.monotonic() > deadline:
+                    return len(others)
+                time.sleep(0.05)
+
+        @pytest.mark.ranks(2)
+        def test_before_any_sub_world(world):
+            assert zygotes_of_my_agent(0) == 0
+
+        @pytest.mark.ranks(2)
+        def test_first_sub_world(world):
+            assert [v[:3] for v in run_subworld(where, args=(1.0,)).values()] == [(0, 2, 3.0), (1, 2, 3.0)]
+            assert zygotes_of_my_agent(1) == 1
+
+        @pytest.mark.ranks(2)
+        def test_after(world):
+            assert zygotes_of_my_agent(1) == 1
+            assert [v[:3] for v in run_subworld(where, args=(2.0,)).values()] == [(0, 2, 5.0), (1, 2, 5.0)]
+        """
+    )
+    result = run_pytest(pytester, "--ranks=2", timeout=TIMEOUT)
+    result.assert_outcomes(passed=3)
