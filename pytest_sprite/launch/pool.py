@@ -25,7 +25,7 @@ from ..errors import LaunchError
 from ..glue.options import Settings
 from ..plumbing.placement import Placement, place
 from ..plumbing.protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
-from ..plumbing.timing import monotonic, sleep
+from ..plumbing.timing import monotonic
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot
@@ -292,11 +292,8 @@ class AgentPool:
             self.send(rank, "shutdown", {})
         if self.handle is not None:
             # Agents that never connected got no shutdown: end the launch at once rather than wait for it.
-            deadline = monotonic() + (5.0 if len(self.agents) == self.world_size else 0.0)
-            pause = 0.001  # agents end within milliseconds: ask often at first, then every 50 ms (issue 23)
-            while self.handle.poll() is None and monotonic() < deadline:
-                sleep(pause)  # the queue is the controller's: what arrives now stays there, unread
-                pause = min(2 * pause, 0.05)
+            # Woken by their exit (issue 23); what arrives on the controller's queue now stays there, unread.
+            self.handle.wait(5.0 if len(self.agents) == self.world_size else 0.0)
             self.handle.terminate(grace=2.0)
         for agent in self.agents.values():
             agent.sock.close()

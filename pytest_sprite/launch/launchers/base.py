@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ...plumbing.output import tail_of_file
+from ...plumbing.process import wait_for_exits
 from ...plumbing.timing import monotonic, sleep
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ class LaunchHandle(Protocol):
     def poll(self) -> int | None:
         """The launch's exit status once it has ended (negative: killed by that signal), else None."""
 
+    def wait(self, timeout: float) -> int | None:
+        """:meth:`poll` once the launch has ended, waiting at most ``timeout`` seconds for it; else None."""
+
     def output_tail(self, lines: int = 40) -> str:
         """The last lines the launcher (or the agents, before they connected) printed."""
 
@@ -107,6 +111,10 @@ class SubprocessLaunch:
         )
 
     def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        wait_for_exits([self.proc.pid], timeout)
         return self.proc.poll()
 
     def output_tail(self, lines: int = 40) -> str:

@@ -20,6 +20,7 @@ from ...plumbing.process import (
     one_thread_after_fork,
     preimport_torch,
     tests_ran_here,
+    wait_for_exits,
 )
 from ...plumbing.timing import monotonic, sleep
 from ..runs import world_size_key
@@ -52,6 +53,11 @@ class _ForkedAgents:
         if failed:
             return failed[0]
         return 0 if len(self.status) == len(self.pids) else None
+
+    def wait(self, timeout: float) -> int | None:
+        self._reap()
+        wait_for_exits([pid for pid in self.pids if pid not in self.status], timeout)
+        return self.poll()
 
     def output_tail(self, lines: int = 40) -> str:
         return tail_of_file(self.request.log_path, lines, window=64 * 1024)
