@@ -89,6 +89,8 @@ class Controller:
         """A world launched before collection (:meth:`launch_early`), until the first ranks test takes it."""
         self.scheduler: Scheduler[int] | None = None
         self.items: dict[str, pytest.Item] = {}
+        self.last_ranks_test: str | None = None
+        """The session's last ranks test: its agents need no spare child for a test after it."""
         self.queued: dict[int, _Run] = {}
         """Submitted and not started, by run id."""
         self.running: dict[int, _Run] = {}
@@ -143,6 +145,7 @@ class Controller:
         """Record each item's world size and skip those that need more ranks than the world."""
         self.world_size = size_items(items, self.world_size)
         self.items = {item.nodeid: item for item in items}
+        self.last_ranks_test = next((item.nodeid for item in reversed(items) if self._ranks_size(item)), None)
         if not any(self._ranks_size(item) for item in items):
             self.close_early()  # nothing selected runs on the world: free its cores for the tests that run
         elif self.settings.launcher == "local" and not self.config.option.collectonly:
@@ -375,6 +378,7 @@ class Controller:
                 basetemp=basetemp,
                 settings=self.settings,
                 seed=self.hypothesis_seed,
+                last=run.item.nodeid == self.last_ranks_test,
             )
             pool.send(agent, "run", spec)
 

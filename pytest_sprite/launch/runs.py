@@ -208,6 +208,7 @@ class _Run:
         basetemp: Path,
         settings: Settings,
         seed: int | str,
+        last: bool = False,
     ) -> RunSpec:
         """What the agent of test rank ``rank`` hands its child: its seat, the rendezvous, the shared folders."""
         assert self.test_dir is not None, "the test's directory is made before its ranks start"
@@ -229,4 +230,5 @@ class _Run:
             tmp_path=str(self.test_dir),
             hypothesis_seed=seed,
             collective_check=settings.collective_check,
+            last=last,
         )

@@ -100,6 +100,9 @@ class RunSpec(TypedDict):
     """The session's hypothesis seed, decided once (``--hypothesis-seed`` or drawn), for every rank."""
     collective_check: bool
     """``--collective-check``: torch's collective fingerprint checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+    last: bool
+    """No ranks test of the session comes after this one: the agent prepares no spare child for a next
+    test (one that comes anyway, a rerun say, gets a child forked when it starts)."""
 
 
 Run = RunSpec

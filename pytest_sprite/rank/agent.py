@@ -65,6 +65,8 @@ class _Child:
     status: int | None = None
     no_stack: str = ""
     """Why no stack could be taken at an abort (empty: taken, or not asked for)."""
+    last: bool = False
+    """The session's last ranks test: no spare is forked for a test after it."""
 
 
 @dataclass
@@ -266,7 +268,9 @@ class Agent:
             spare.control.close()
             if listener is not None:
                 listener.close()  # the child holds its own copy
-        self.child = _Child(run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir)
+        self.child = _Child(
+            run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir, last=spec.get("last", False)
+        )
 
     def _start_pristine(self) -> None:
         """A test child asked for its first sub-world: fork the pristine zygote that serves them."""
@@ -387,7 +391,7 @@ class Agent:
                     self._release_finished_child()
                     return True
                 self.sock.sendall(frame)
-                if event == "report" and self.spare is None:
+                if event == "report" and self.spare is None and not child.last:
                     # The test is set up: the next test's child prepares while this one runs, not
                     # between the two tests, and not while this one starts (issue 14).
                     self._fork_spare()
@@ -494,5 +498,5 @@ class Agent:
         if child.status is None:  # reported done and still exiting: reap it later
             self.exiting.append(child.pid)
         self.child = None
-        if self.spare is None:
+        if self.spare is None and not child.last:
             self._fork_spare()

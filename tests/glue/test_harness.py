@@ -568,6 +568,64 @@ def test_each_rank_inherits_its_items_location(pytester: pytest.Pytester) -> Non
     run(pytester).assert_outcomes(passed=1)
 
 
+def test_the_last_ranks_test_has_no_spare_child_forked_after_it(pytester: pytest.Pytester) -> None:
+    """An agent forks the next test's child while a test runs; after the session's last ranks test nothing
+    would take it (issue 23). A test that comes anyway gets a child forked when it starts."""
+    pytester.makepyfile(
+        """
+        import os
+        import time
+        import pytest
+
+        def alive_siblings():
+            # Children of this rank's agent still running, besides this one: the spare it forked for a
+            # later test, or an earlier test's child still exiting (a zombie once it has).
+            agent, alive = os.getppid(), []
+            for tid in os.listdir(f"/proc/{agent}/task"):
+                with open(f"/proc/{agent}/task/{tid}/children") as f:
+                    for pid in {int(pid) for pid in f.read().split()} - {os.getpid()}:
+                        try:
+                            with open(f"/proc/{pid}/stat", "rb") as stat:
+                                if stat.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                                    alive.append(pid)
+                        except OSError:
+                            pass
+            return len(alive)
+
+        def spares_of_my_agent(expected):
+            deadline = time.monotonic() + 20  # an earlier test's child may take a moment to exit
+            while alive_siblings() != expected and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.3)  # and it stays so
+            return alive_siblings()
+
+        @pytest.mark.ranks(2)
+        def test_first(world):
+            assert spares_of_my_agent(1) == 1
+
+        @pytest.mark.ranks(2)
+        def test_last(world):
+            assert spares_of_my_agent(0) == 0
+        """
+    )
+    run(pytester).assert_outcomes(passed=2)
+    # The last test run once more after it (as pytest-rerunfailures does): it gets children forked then.
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_protocol(item, nextitem):
+            result = yield
+            if nextitem is None and not hasattr(item, "ran_again"):
+                item.ran_again = True
+                item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
+            return result
+        """
+    )
+    run(pytester, "--pack=off").assert_outcomes(passed=3)
+
+
 def test_a_session_without_assertions_loads_no_assertion_tables(pytester: pytest.Pytester) -> None:
     """What the report forms need for assertions is imported only when a test made one (issue 23)."""
     pytester.makeconftest(
