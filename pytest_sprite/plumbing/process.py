@@ -335,11 +335,15 @@ def wait_for_exits(pids: Sequence[int], timeout: float) -> bool:
                 continue
             except (AttributeError, OSError):  # no pidfds here: poll instead
                 return _poll_for_exits(pids, deadline)
+        poller = select.poll()  # not select(): a busy controller's descriptors may number beyond 1024
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         while fds:
-            ready, _, _ = select.select(fds, [], [], max(0.0, deadline - monotonic()))
+            ready = poller.poll(max(0.0, deadline - monotonic()) * 1000)
             if not ready:
                 return False
-            for fd in ready:
+            for fd, _ in ready:
+                poller.unregister(fd)
                 fds.remove(fd)
                 os.close(fd)
         return True

@@ -58,3 +58,24 @@ def test_a_child_already_reaped_counts_as_ended(how: str) -> None:
     pid = _child(0.0)
     os.waitpid(pid, 0)
     assert wait_for_exits([pid], timeout=0.1)
+
+
+def test_a_child_whose_pidfd_numbers_beyond_1024(how: str) -> None:
+    """select() refuses descriptors from 1024 on; a controller with many agents and sockets can reach them."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"at most {hard} descriptors here")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        pid = _child(0.05)
+        assert wait_for_exits([pid], timeout=30)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
