@@ -208,7 +208,7 @@ class _Run:
         basetemp: Path,
         settings: Settings,
         seed: int | str,
-        last: bool = False,
+        last: bool,
     ) -> RunSpec:
         """What the agent of test rank ``rank`` hands its child: its seat, the rendezvous, the shared folders."""
         assert self.test_dir is not None, "the test's directory is made before its ranks start"

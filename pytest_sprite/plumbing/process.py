@@ -353,6 +353,7 @@ def wait_for_exits(pids: Sequence[int], timeout: float) -> bool:
 
 
 def _poll_for_exits(pids: Sequence[int], deadline: float) -> bool:
+    """:func:`wait_for_exits` without pidfds: ask every 10 ms, leaving each status for the caller's waitpid."""
     while True:
         live = []
         for pid in pids:

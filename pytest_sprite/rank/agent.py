@@ -269,7 +269,7 @@ class Agent:
             if listener is not None:
                 listener.close()  # the child holds its own copy
         self.child = _Child(
-            run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir, last=spec.get("last", False)
+            run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir, last=spec["last"]
         )
 
     def _start_pristine(self) -> None:

@@ -1,11 +1,12 @@
 """Forking sub-world ranks: directly from a plain test's process, or through the test child's zygote.
 
 A zygote is a process that never touched a device or a process group (issue 11); forking a sub-world's
-rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote the first
-time one of its test children asks for one (:class:`Pristine`); the first ``run_subworld`` of a test child
-asks it for that test's own zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds, leads a session of its own (so what
-its ranks leave running is found and named with the test's leftovers) and ends with the test child. A
-test that never starts a sub-world pays nothing for them (issue 23).
+rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote the
+first time one of its test children asks for one (:class:`Pristine`); the first ``run_subworld`` of a test
+child asks it for that test's own zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds,
+leads a session of its own (so what its ranks leave running is found and named with the test's leftovers)
+and ends with the test child. A test that never starts a sub-world pays nothing for them, nor does a
+session (issue 23).
 """
 
 from __future__ import annotations
