@@ -451,7 +451,7 @@ class Controller:
         if event == "child_exited":
             pool.ports[agent] = payload["next_port"]  # whichever run it ends, the port is the agent's newest
         if event == "agent_lost":
-            pool.broken = pool.broken or f"rank agent {agent} was lost"
+            pool.broken = pool.broken or f"the connection to rank agent {agent} {payload['detail']}"
             run = self.running.get(self.on_agent.get(agent, -1))
         else:
             run = self.running.get(payload.get("run_id", -1))
@@ -526,7 +526,7 @@ class Controller:
             run.note_failure(rank)
 
     def on_agent_lost(self, pool: AgentPool, run: _Run, rank: int, payload: AgentLost) -> None:
-        """Posted by a reader thread when an agent's connection closed.
+        """Posted by a reader thread when an agent's connection closed, broke or could not be read.
 
         Only that rank ends here; the others finish or are ended after the grace period like peers of
         any failed rank, so their own tracebacks and stacks still reach the report. No test starts on
@@ -536,7 +536,10 @@ class Controller:
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
-                detail=f"the connection to rank agent {run.agents[rank]} closed; it ran on {run.hosts.get(rank, '?')}",
+                detail=(
+                    f"the connection to rank agent {run.agents[rank]} {payload['detail']}; "
+                    f"it ran on {run.hosts.get(rank, '?')}"
+                ),
                 output_tail=pool.output_tail(),
             )
             run.note_failure(rank)

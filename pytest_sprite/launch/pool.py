@@ -149,12 +149,20 @@ class AgentPool:
         return len(self.agents) == self.world_size
 
     def _accept_all(self) -> None:
+        """Accepting thread: any way it ends before the world is complete reaches the controller's queue."""
         try:
             self._accept_until_complete()
         except LaunchError as exc:
             self.events.put((-1, "launch_failed", {"detail": str(exc)}))
         except OSError:
-            pass  # the listener was closed: the pool is closing
+            if not self._closing:
+                self.events.put(
+                    (-1, "launch_failed", {"detail": f"the controller stopped accepting agents: {_why()}"})
+                )
+        except BaseException:  # a bug here must fail the launch, not leave the controller waiting for agents
+            self.events.put(
+                (-1, "launch_failed", {"detail": f"the controller's accepting thread failed: {_why()}"})
+            )
 
     def _accept_until_complete(self) -> None:
         assert self._listener is not None and self.handle is not None
@@ -247,16 +255,26 @@ class AgentPool:
         return agent
 
     def _read_agent(self, agent: _Agent) -> None:
-        """Reader thread: enqueue every frame; never raise, never block the controller."""
+        """Reader thread: enqueue every frame; never raise, never block the controller.
+
+        However it ends (the agent closed the connection, the connection broke, a frame could not be read),
+        its last event is ``agent_lost`` saying why: a reader that died silently would leave the
+        controller waiting for that agent's events until the test's timeout.
+        """
+        detail = "closed"
         try:
             while True:
                 frame = recv_frame(agent.sock)
                 if frame is None:
                     break
                 self.events.put((agent.rank, frame[0], frame[1]))
-        except OSError:
-            pass
-        self.events.put((agent.rank, "agent_lost", {}))
+        except ConnectionResetError:
+            pass  # an agent that died with a command unread resets its connection: it closed all the same
+        except OSError as exc:
+            detail = f"broke ({exc})"
+        except BaseException:
+            detail = f"sent a frame that could not be read ({_why()})"
+        self.events.put((agent.rank, "agent_lost", {"detail": detail}))
 
     # -- use -------------------------------------------------------------------------------
 
@@ -266,7 +284,7 @@ class AgentPool:
             send_frame(self.agents[to].sock, command, payload)
         except OSError as exc:
             self.broken = f"lost the connection to rank agent {to}: {exc}"
-            self.events.put((to, "agent_lost", {}))
+            self.events.put((to, "agent_lost", {"detail": f"took no command ({exc})"}))
 
     def slot(self, rank: int) -> Slot:
         """The agent of ``rank`` as the scheduler sees it; nodes are numbered in the order agents arrived."""
@@ -299,3 +317,9 @@ class AgentPool:
             agent.sock.close()
         self.agents.clear()
         shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def _why() -> str:
+    """The exception being handled, as its type and message (called in an ``except`` block)."""
+    exc = sys.exc_info()[1]
+    return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"

@@ -228,7 +228,12 @@ class AgentError(TypedDict):
 
 
 class AgentLost(TypedDict):
-    """``agent_lost``: posted by the controller's reader thread when an agent's connection closed."""
+    """``agent_lost``: posted by the controller's reader thread when an agent's connection closed, broke or
+    sent what could not be read, and when a command could not be sent to it."""
+
+    detail: str
+    """What happened to the connection, completing "the connection to rank agent N ...": ``closed``,
+    ``broke (...)``, ``sent a frame that could not be read (...)``, ``took no command (...)``."""
 
 
 class LaunchFailed(TypedDict):
