@@ -178,6 +178,8 @@ class AgentPool:
                 )
             try:
                 conn, _ = self._listener.accept()
+            except ConnectionAbortedError:
+                continue  # a connection reset before it was taken: not an agent that connected
             except TimeoutError:
                 # Checked only when no agent is waiting: agents that connected while this process was
                 # still collecting (an early launch) are accepted however long that took.

@@ -6,7 +6,9 @@ import queue
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -118,3 +120,33 @@ def test_an_agent_that_died_with_a_command_unread_closed_its_connection(pool: Ag
     server.close()  # closing with unread data sends a reset
     events = _read_until_lost(pool, client)
     assert events == [(0, "agent_lost", {"detail": "closed"})]
+
+
+def test_a_connection_reset_before_it_is_accepted_does_not_end_the_accepting(
+    pool: AgentPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accept() fails with ECONNABORTED for a client that reset its connection while it waited: not a failure
+    of the launch, and the thread goes on accepting the agents."""
+    calls: list[str] = []
+
+    class Listener:
+        def settimeout(self, _: float) -> None:
+            pass
+
+        def accept(self) -> tuple[socket.socket, Any]:
+            calls.append("accept")
+            if len(calls) == 1:
+                raise ConnectionAbortedError(103, "Software caused connection abort")
+            pool._closing = True  # the second call: the pool closes, the loop ends
+            raise TimeoutError
+
+    class Launch:
+        def poll(self) -> int | None:
+            return None
+
+    monkeypatch.setattr(pool, "_listener", Listener())
+    monkeypatch.setattr(pool, "handle", Launch())
+    monkeypatch.setattr(pool, "launched_at", time.monotonic())  # within --connect-timeout
+    pool._accept_all()
+    assert calls == ["accept", "accept"]
+    assert pool.events.empty()
