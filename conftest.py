@@ -9,6 +9,7 @@ same path, so the default run stays representative.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+HARDWARE_MARKERS = ("cpu", "cuda", "xpu")
+"""Every test of this repository says what it runs on: CI selects ``-m cpu``, so a test with none never runs."""
+
+TESTS = Path(__file__).parent / "tests"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if item.path.is_relative_to(TESTS) and not any(item.get_closest_marker(m) for m in HARDWARE_MARKERS)
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            f"{len(unmarked)} test(s) say nothing of the hardware they need, so CI (`pytest -m cpu`) never runs "
+            f"them: {', '.join(unmarked[:5])}{' ...' if len(unmarked) > 5 else ''}. Mark their module "
+            "`pytestmark = pytest.mark.cpu` (or cuda / xpu for an accelerator)."
+        )
     if config.getoption("--run-slow"):
         return
     keep, slow = [], []

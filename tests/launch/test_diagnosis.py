@@ -247,6 +247,7 @@ def test_diagnosis_at_4_ranks(pytester: pytest.Pytester) -> None:
     check_suite(run_suite(pytester, 4, 8), 4, 8)
 
 
+@pytest.mark.cpu
 @pytest.mark.slow
 def test_diagnosis_at_48_ranks(pytester: pytest.Pytester) -> None:
     check_suite(run_suite(pytester, 48, 60), 48, 60)

@@ -16,6 +16,8 @@ from pytest_sprite.glue.options import Settings
 from pytest_sprite.launch.pool import AgentPool, Event, _Agent
 from pytest_sprite.plumbing.protocol import send_frame
 
+pytestmark = pytest.mark.cpu
+
 
 def _settings() -> Settings:
     return Settings(
