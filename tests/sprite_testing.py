@@ -11,8 +11,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_sprite.glue.options import Settings
 
 WARM_SCRIPT = Path(__file__).with_name("warm_python.py")
 _WARM_START_S = 300.0
@@ -129,3 +133,24 @@ def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "PBS_JOBID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def local_settings(**overrides: Any) -> Settings:
+    """The plugin's resolved settings as a plain local session has them, with ``overrides``."""
+    from pytest_sprite.glue.options import Settings
+
+    fields: dict[str, Any] = {
+        "world_size": None,
+        "launcher": "local",
+        "timeout": 300.0,
+        "timeout_source": "the default",
+        "grace": 5.0,
+        "ppn": None,
+        "launcher_args": (),
+        "controller_host": None,
+        "connect_timeout": 120.0,
+        "device": "cpu",
+        "artifacts": None,
+        "qwen_path": None,
+    }
+    return Settings(**{**fields, **overrides})

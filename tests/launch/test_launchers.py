@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import clear_rank_variables, run_pytest
+from sprite_testing import clear_rank_variables, local_settings, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -515,24 +515,9 @@ def test_a_world_launched_early_and_needed_by_no_selected_test_ends_with_collect
 def test_when_the_world_is_launched_before_collection(
     launcher: str, world: int | None, ppn: int | None, mode: str, collect_only: bool, cores: int, early: bool
 ) -> None:
-    from pytest_sprite.glue.options import Settings
     from pytest_sprite.launch.controller import launches_early
 
-    settings = Settings(
-        world_size=world,
-        launcher=launcher,
-        timeout=300.0,
-        timeout_source="the default",
-        grace=5.0,
-        ppn=ppn,
-        launcher_args=(),
-        controller_host=None,
-        connect_timeout=120.0,
-        device="cpu",
-        artifacts=None,
-        qwen_path=None,
-        launch_early=mode,
-    )
+    settings = local_settings(world_size=world, launcher=launcher, ppn=ppn, launch_early=mode)
     assert launches_early(settings, collect_only=collect_only, cores=cores) is early
 
 

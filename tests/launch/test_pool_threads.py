@@ -11,34 +11,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sprite_testing import local_settings
 
-from pytest_sprite.glue.options import Settings
 from pytest_sprite.launch.pool import AgentPool, Event, _Agent
 from pytest_sprite.plumbing.protocol import send_frame
 
 pytestmark = pytest.mark.cpu
 
 
-def _settings() -> Settings:
-    return Settings(
-        world_size=1,
-        launcher="local",
-        timeout=300.0,
-        timeout_source="the default",
-        grace=5.0,
-        ppn=None,
-        launcher_args=(),
-        controller_host=None,
-        connect_timeout=120.0,
-        device="cpu",
-        artifacts=None,
-        qwen_path=None,
-    )
-
-
 @pytest.fixture
 def pool(pytestconfig: pytest.Config) -> Iterator[AgentPool]:
-    made = AgentPool(pytestconfig, _settings(), 1, {})
+    made = AgentPool(pytestconfig, local_settings(world_size=1), 1, {})
     yield made
     made.close()
 
