@@ -154,15 +154,13 @@ class AgentPool:
             self._accept_until_complete()
         except LaunchError as exc:
             self.events.put((-1, "launch_failed", {"detail": str(exc)}))
-        except OSError:
+        except OSError as exc:
             if not self._closing:
-                self.events.put(
-                    (-1, "launch_failed", {"detail": f"the controller stopped accepting agents: {_why()}"})
-                )
-        except BaseException:  # a bug here must fail the launch, not leave the controller waiting for agents
-            self.events.put(
-                (-1, "launch_failed", {"detail": f"the controller's accepting thread failed: {_why()}"})
-            )
+                detail = f"the controller stopped accepting agents: {_described(exc)}"
+                self.events.put((-1, "launch_failed", {"detail": detail}))
+        except BaseException as exc:  # a bug here must fail the launch, not leave the controller waiting
+            detail = f"the controller's accepting thread failed: {_described(exc)}"
+            self.events.put((-1, "launch_failed", {"detail": detail}))
 
     def _accept_until_complete(self) -> None:
         assert self._listener is not None and self.handle is not None
@@ -274,8 +272,8 @@ class AgentPool:
             pass  # an agent that died with a command unread resets its connection: it closed all the same
         except OSError as exc:
             detail = f"broke ({exc})"
-        except BaseException:
-            detail = f"sent a frame that could not be read ({_why()})"
+        except BaseException as exc:
+            detail = f"sent a frame that could not be read ({_described(exc)})"
         self.events.put((agent.rank, "agent_lost", {"detail": detail}))
 
     # -- use -------------------------------------------------------------------------------
@@ -285,8 +283,9 @@ class AgentPool:
         try:
             send_frame(self.agents[to].sock, command, payload)
         except OSError as exc:
-            self.broken = f"lost the connection to rank agent {to}: {exc}"
-            self.events.put((to, "agent_lost", {"detail": f"took no command ({exc})"}))
+            detail = f"took no command ({exc})"
+            self.broken = f"the connection to rank agent {to} {detail}"
+            self.events.put((to, "agent_lost", {"detail": detail}))
 
     def slot(self, rank: int) -> Slot:
         """The agent of ``rank`` as the scheduler sees it; nodes are numbered in the order agents arrived."""
@@ -321,7 +320,6 @@ class AgentPool:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
-def _why() -> str:
-    """The exception being handled, as its type and message (called in an ``except`` block)."""
-    exc = sys.exc_info()[1]
-    return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown"
+def _described(exc: BaseException) -> str:
+    """An exception as its type and message, for a line that says why a thread ended."""
+    return f"{type(exc).__name__}: {exc}"
