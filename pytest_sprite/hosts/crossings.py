@@ -5,6 +5,9 @@ started) a few times a second. A connection between two hosts' addresses is name
 (the one whose port is listening is the server), each by its role: the pytest controller, a rank agent, a
 test or sub-world rank (a child of an agent), hydra's ``mpiexec`` and proxy, the launcher-exec and the
 hosts' daemon. Sampling misses a connection that lives less than a sample; the rest are counted once each.
+An end whose process is not known yet (a connection the server has not accepted has no socket, a process
+inside its exec has no command line) is looked for again at each sample while the connection lasts; one
+never found is printed as ``?``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def _address(hex_addr: str) -> tuple[str, int]:
     return socket.inet_ntop(socket.AF_INET6, v6), int(port, 16)
 
 
-def _role(pid: int) -> str:
+def _role(pid: int) -> str | None:
+    """What ``pid`` is in the run; None while it cannot tell (a process inside its exec has no command line yet)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -62,7 +66,7 @@ def _role(pid: int) -> str:
         return "test/sub-world rank" if b"--sprite-agent" in parent_argv else "rank agent"
     if b"pytest" in text:
         return "pytest controller"
-    return program or "?"
+    return program or None
 
 
 @dataclass
@@ -117,8 +121,10 @@ class Crossings:
                 continue
             owners = self._owners(host)
             for key, inode, server_here in new:
-                mine = _role(owners[inode]) if inode in owners else "?"
                 client, server = self.seen.get(key, (None, None))
+                # Not found: a connection not yet accepted has no socket (its inode reads 0), or its holder
+                # was not listed in time, or is inside its exec. Left unknown: the next sample asks again.
+                mine = _role(owners[inode]) if inode in owners else None
                 self.seen[key] = (client, mine) if server_here else (mine, server)
 
     @staticmethod
