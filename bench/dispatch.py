@@ -273,6 +273,8 @@ class Marginal:
     faults: float
     spawns_per_test: float
     """Median over the rounds of (one cold spawn / one more test), each round's own spawns against its pair."""
+    round_spawns_per_test: list[float]
+    """Each round's (one cold spawn / one more test), in the order run: how far the rounds spread."""
     spawns: list[float]
     set_aside: int
     """Pairs run again because one of their sessions stalled (:data:`STALL`): they are not in the medians."""
@@ -307,16 +309,18 @@ def marginal_of(
             set_aside += 1
             continue
         rounds.append((a, b, [spawn() for _ in range(spawns)]))
+    shares = [
+        statistics.mean(c) / ((b[0] - a[0]) / extra_tests) if b[0] > a[0] else float("inf")
+        for a, b, c in rounds
+    ]
     return Marginal(
         short=statistics.median(a[0] for a, _, _ in rounds),
         long=statistics.median(b[0] for _, b, _ in rounds),
         wall=statistics.median(b[0] - a[0] for a, b, _ in rounds),
         cpu=statistics.median(b[1] - a[1] for a, b, _ in rounds),
         faults=statistics.median(b[2] - a[2] for a, b, _ in rounds),
-        spawns_per_test=statistics.median(
-            statistics.mean(c) / ((b[0] - a[0]) / extra_tests) if b[0] > a[0] else float("inf")
-            for a, b, c in rounds
-        ),
+        spawns_per_test=statistics.median(shares),
+        round_spawns_per_test=shares,
         spawns=[t for _, _, c in rounds for t in c],
         set_aside=set_aside,
     )
@@ -392,6 +396,7 @@ def main() -> None:
     load_before = os.getloadavg()
     results: dict[str, float] = {}
     spawns_per_test: dict[str, float] = {}
+    round_shares: dict[str, list[float]] = {}
     spawn_times: list[float] = []
     set_aside = 0
     # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.
@@ -416,6 +421,7 @@ def main() -> None:
         results["marginal_cpu" + suffix] = one.cpu / (m - 1)
         results["marginal_faults" + suffix] = one.faults / (m - 1)
         spawns_per_test[suffix] = one.spawns_per_test
+        round_shares[suffix] = one.round_spawns_per_test
         set_aside += one.set_aside
         spawn_times += one.spawns
     # The 20-test sessions, packed and not, and torch's harness in turns: each ratio is taken within a round.
@@ -458,6 +464,10 @@ def main() -> None:
 
     def share(spawns: float) -> str:
         return f"1/{spawns:.0f}" if spawns != float("inf") else "below the noise"
+
+    def share_of(spawns: float) -> str:
+        """The share and the unrounded number of tests a cold spawn pays for."""
+        return share(spawns) if spawns == float("inf") else f"{share(spawns)} ({spawns:.1f})"
 
     def verdict(met: bool) -> str:
         """Judged on the unrounded figure: 0.304 prints as 0.30 and 1/59.6 as 1/60, and both miss."""
@@ -516,12 +526,19 @@ def main() -> None:
     print()
     for label, value in (("sprite / MultiProcContinuousTest:", ratio), ("  with --pack=off:", ratio_off)):
         print(f"{label:44}{value:.3f}  (target <= 0.30: {verdict(value <= 0.3)})")
-    print(f"  (the median of {runs} rounds, each running the two sprite sessions and torch's in turns)")
+    print(f"  the median of {runs} rounds, each running the two sprite sessions and torch's in turns:")
+    for sprite_s, off_s, torch_s in rounds:
+        print(
+            f"    {sprite_s:.2f} s, --pack=off {off_s:.2f} s, torch's {torch_s:.2f} s: "
+            f"{sprite_s / torch_s:.3f} and {off_s / torch_s:.3f}"
+        )
     for label, suffix in (("sprite marginal / cold spawn:", ""), ("  with --pack=off:", "_off")):
         spawns = spawns_per_test[suffix]
-        print(f"{label:44}{share(spawns)} ({spawns:.1f})  (target <= 1/60: {verdict(spawns >= 60)})")
-    print(f"  with SPRITE_HUGE_PAGES=0:                 {share(spawns_per_test['_4k'])}")
-    print(f"  (the median of {runs} rounds, each a pair of sessions and {args.spawns} cold spawns in turns)")
+        print(f"{label:44}{share_of(spawns)}  (target <= 1/60: {verdict(spawns >= 60)})")
+    print(f"  with SPRITE_HUGE_PAGES=0:                 {share_of(spawns_per_test['_4k'])}")
+    print(f"  the median of {runs} rounds, each a pair of sessions and {args.spawns} cold spawns in turns:")
+    for label, suffix in (("packed", ""), ("--pack=off", "_off"), ("4 KiB pages", "_4k")):
+        print(f"    {label}: " + ", ".join(share_of(x) for x in round_shares[suffix]))
     print(
         f"fork floor / cold spawn:                    {share(cold_one / results['fork_floor'])}   (no harness at all)"
     )
