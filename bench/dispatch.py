@@ -17,7 +17,12 @@ tests the figure moved by 20 ms between two quiet runs), packed, with ``--pack=o
 ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are forked from left in 4 KiB pages), with its CPU and minor
 page faults counted over every process of the session (a shared machine moves them less than it moves
 wall time). ``--spawns`` cold spawns (default 5) follow each pair, and the ratio of one cold spawn to
-one more test is the median of the rounds' own ratios.
+one more test is the median of the rounds' own ratios. The three ways (packed, ``--pack=off``, 4 KiB pages)
+run round by round, one pair of each in turn.
+
+``--baseline CHECKOUT`` runs another checkout of the plugin (an earlier release, say: ``git worktree add
+/tmp/base <commit>``) first on ``PYTHONPATH``: its 20-test session and its marginal pair join the rounds, in
+turns with this checkout's, so a change in what a test costs is read side by side, not across days.
 
 Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions (packed and ``--pack=off``)
 and torch's harness run in turns, and each ratio to torch's is the median of the rounds' ratios; the
@@ -26,7 +31,7 @@ test costs this design with no harness at all (its median test): two ranks forke
 imported torch, a fresh gloo group, one all_reduce, exit. The load average is printed before and after:
 on a shared machine the figures move with it.
 
-Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61] [--spawns 5]``.
+Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61] [--spawns 5] [--baseline DIR]``.
 """
 
 from __future__ import annotations
@@ -280,35 +285,56 @@ class Marginal:
     """Pairs run again because one of their sessions stalled (:data:`STALL`): they are not in the medians."""
 
 
+@dataclass(frozen=True)
+class Sessions:
+    """One way of running the marginal cost's two sessions: its command lines and its environment."""
+
+    name: str
+    short: list[str]
+    long: list[str]
+    env: dict[str, str]
+
+
 def marginal_of(
     runs: int,
-    short: list[str],
-    long: list[str],
+    ways: list[Sessions],
     cwd: Path,
-    env: dict[str, str],
     *,
     extra_tests: int,
     spawn: Callable[[], float],
     spawns: int,
-) -> Marginal:
+) -> dict[str, Marginal]:
     """Medians of a short and a long session, and of their differences (wall, CPU, page faults), run in turns.
 
     Run one after the other, each pair sees the same machine: the median of the differences drifts less
-    with a shared machine's speed than the difference of two medians taken minutes apart. ``spawns`` cold
-    spawns follow each pair, so the ratio of the two is taken within a round too: this machine's cold
-    spawn took 1.4 s in one run and 1.8 s in another the same morning. A pair in which a session stalled
-    is set aside and run again, at most ``runs`` times in all (a 61-test session makes 122 reverse
-    lookups; one dropped adds 5 s, 83 ms a test, to the difference).
+    with a shared machine's speed than the difference of two medians taken minutes apart. Each round runs
+    one pair of every way in turn, so the ways are compared side by side too. ``spawns`` cold spawns follow
+    each pair, so the ratio of the two is taken within a round: this machine's cold spawn took 1.4 s in one
+    run and 1.8 s in another the same morning. A pair in which a session stalled is set aside and run
+    again, at most ``runs`` times in all for each way (a 61-test session makes 122 reverse lookups; one
+    dropped adds 5 s, 83 ms a test, to the difference).
     """
-    rounds: list[tuple[tuple[float, float, int], tuple[float, float, int], list[float]]] = []
-    set_aside = 0
-    while len(rounds) < runs:
-        before = len(stalled)
-        a, b = counted(short, cwd, env), counted(long, cwd, env)
-        if len(stalled) > before and set_aside < runs:
-            set_aside += 1
-            continue
-        rounds.append((a, b, [spawn() for _ in range(spawns)]))
+    Round = tuple[tuple[float, float, int], tuple[float, float, int], list[float]]
+    rounds: dict[str, list[Round]] = {way.name: [] for way in ways}
+    set_aside = dict.fromkeys(rounds, 0)
+    while any(len(done) < runs for done in rounds.values()):
+        for way in ways:
+            if len(rounds[way.name]) == runs:
+                continue
+            before = len(stalled)
+            a, b = counted(way.short, cwd, way.env), counted(way.long, cwd, way.env)
+            if len(stalled) > before and set_aside[way.name] < runs:
+                set_aside[way.name] += 1
+                continue
+            rounds[way.name].append((a, b, [spawn() for _ in range(spawns)]))
+    return {name: _marginal(done, extra_tests, set_aside[name]) for name, done in rounds.items()}
+
+
+def _marginal(
+    rounds: list[tuple[tuple[float, float, int], tuple[float, float, int], list[float]]],
+    extra_tests: int,
+    set_aside: int,
+) -> Marginal:
     shares = [
         statistics.mean(c) / ((b[0] - a[0]) / extra_tests) if b[0] > a[0] else float("inf")
         for a, b, c in rounds
@@ -324,6 +350,41 @@ def marginal_of(
         spawns=[t for _, _, c in rounds for t in c],
         set_aside=set_aside,
     )
+
+
+def baseline_env(checkout: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, str], str]:
+    """The environment that runs another checkout's plugin, and what to call it (its commit where git knows it).
+
+    The checkout goes first on ``PYTHONPATH``, ahead of the installed plugin; a checkout that does not hold
+    the plugin, or whose plugin a Python started in ``cwd`` (where the sessions run: ``python -m`` puts it
+    first on the path) does not import from there, is refused before anything is measured.
+    """
+    checkout = checkout.resolve()
+    if not (checkout / "pytest_sprite" / "plugin.py").is_file():
+        raise SystemExit(
+            f"--baseline {checkout}: no pytest_sprite/plugin.py there; give the root of a pytest-sprite "
+            "checkout, e.g. `git worktree add /tmp/base v0.1.0` and `--baseline /tmp/base`"
+        )
+    with_base = dict(env, PYTHONPATH=os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH")))))
+    found = subprocess.run(
+        [sys.executable, "-c", "import pytest_sprite.plugin as p; print(p.__file__)"],
+        env=with_base,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+    )
+    if (
+        found.returncode != 0
+        or Path(found.stdout.strip()).resolve() != checkout / "pytest_sprite" / "plugin.py"
+    ):
+        raise SystemExit(
+            f"--baseline {checkout}: Python imported pytest_sprite from "
+            f"{found.stdout.strip() or found.stderr.strip()[-300:]!r}, not from the checkout"
+        )
+    commit = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return with_base, commit.stdout.strip() if commit.returncode == 0 else str(checkout)
 
 
 def pair(worker: Path, rounds: int, env: dict[str, str]) -> float:
@@ -352,6 +413,13 @@ def main() -> None:
         type=int,
         default=61,
         help="the long session of the marginal cost (minus a 1-test one)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="another checkout of pytest-sprite (an earlier release, say) whose 20-test session and marginal "
+        "cost run in turns with this one's",
     )
     args = parser.parse_args()
     n, runs, m = args.tests, args.runs, args.marginal_tests
@@ -393,6 +461,10 @@ def main() -> None:
     import pytest_sprite
 
     compileall.compile_dir(Path(pytest_sprite.__file__).parent, quiet=1)
+    baseline: tuple[dict[str, str], str] | None = None
+    if args.baseline is not None:
+        baseline = baseline_env(args.baseline, only_sprite, work)
+        compileall.compile_dir(args.baseline / "pytest_sprite", quiet=1)
     load_before = os.getloadavg()
     results: dict[str, float] = {}
     spawns_per_test: dict[str, float] = {}
@@ -401,21 +473,19 @@ def main() -> None:
     set_aside = 0
     # The heap the ranks are forked from, left in 4 KiB pages: what huge pages save on every fork and exit.
     small_pages = dict(only_sprite, SPRITE_HUGE_PAGES="0")
-    for suffix, extra, environ in (
-        ("", [], only_sprite),
-        ("_off", ["--pack=off"], only_sprite),
-        ("_4k", [], small_pages),
-    ):
-        one = marginal_of(
-            runs,
-            [*sprite_argv, *extra, "sprite_1"],
-            [*sprite_argv, *extra, "sprite_n1"],
-            work,
-            environ,
-            extra_tests=m - 1,
-            spawn=lambda: pair(worker, 1, env),
-            spawns=args.spawns,
+    ways = [
+        Sessions(suffix, [*sprite_argv, *extra, "sprite_1"], [*sprite_argv, *extra, "sprite_n1"], environ)
+        for suffix, extra, environ in (
+            ("", [], only_sprite),
+            ("_off", ["--pack=off"], only_sprite),
+            ("_4k", [], small_pages),
+            *((("_base", [], baseline[0]),) if baseline else ()),
         )
+    ]
+    marginals = marginal_of(
+        runs, ways, work, extra_tests=m - 1, spawn=lambda: pair(worker, 1, env), spawns=args.spawns
+    )
+    for suffix, one in marginals.items():
         results["sprite_1" + suffix], results["sprite_n1" + suffix] = one.short, one.long
         results["marginal" + suffix] = one.wall / (m - 1)
         results["marginal_cpu" + suffix] = one.cpu / (m - 1)
@@ -425,18 +495,19 @@ def main() -> None:
         set_aside += one.set_aside
         spawn_times += one.spawns
     # The 20-test sessions, packed and not, and torch's harness in turns: each ratio is taken within a round.
+    twenty = {
+        "sprite_n": ([*sprite_argv, "sprite_n"], only_sprite),
+        "sprite_n_off": ([*sprite_argv, "--pack=off", "sprite_n"], only_sprite),
+        **({"sprite_n_base": ([*sprite_argv, "sprite_n"], baseline[0])} if baseline else {}),
+        "mpct": ([sys.executable, "test_mpct.py"], env),
+    }
     rounds = [
-        (
-            timed([*sprite_argv, "sprite_n"], work, only_sprite),
-            timed([*sprite_argv, "--pack=off", "sprite_n"], work, only_sprite),
-            timed([sys.executable, "test_mpct.py"], work, env),
-        )
-        for _ in range(runs)
+        {name: timed(argv, work, environ) for name, (argv, environ) in twenty.items()} for _ in range(runs)
     ]
-    for i, name in enumerate(("sprite_n", "sprite_n_off", "mpct")):
-        results[name] = statistics.median(r[i] for r in rounds)
-    ratio = statistics.median(r[0] / r[2] for r in rounds)
-    ratio_off = statistics.median(r[1] / r[2] for r in rounds)
+    for name in twenty:
+        results[name] = statistics.median(r[name] for r in rounds)
+    ratio = statistics.median(r["sprite_n"] / r["mpct"] for r in rounds)
+    ratio_off = statistics.median(r["sprite_n_off"] / r["mpct"] for r in rounds)
     results["sprite"] = results["sprite_n"]
     results["sprite_tmp_path"] = median_of(runs, [*sprite_argv, "sprite_tmp_path"], work, only_sprite)
     results["sprite_subworld"] = median_of(runs, [*sprite_argv, "sprite_subworld"], work, only_sprite)
@@ -527,7 +598,8 @@ def main() -> None:
     for label, value in (("sprite / MultiProcContinuousTest:", ratio), ("  with --pack=off:", ratio_off)):
         print(f"{label:44}{value:.3f}  (target <= 0.30: {verdict(value <= 0.3)})")
     print(f"  the median of {runs} rounds, each running the two sprite sessions and torch's in turns:")
-    for sprite_s, off_s, torch_s in rounds:
+    for r in rounds:
+        sprite_s, off_s, torch_s = r["sprite_n"], r["sprite_n_off"], r["mpct"]
         print(
             f"    {sprite_s:.2f} s, --pack=off {off_s:.2f} s, torch's {torch_s:.2f} s: "
             f"{sprite_s / torch_s:.3f} and {off_s / torch_s:.3f}"
@@ -544,6 +616,26 @@ def main() -> None:
     )
     print(f"sprite marginal / fork floor:               {marginal / results['fork_floor']:.2f}")
     print(f"sprite / floor:                             {results['sprite'] / results['floor']:.2f}")
+    if baseline:
+        print()
+        print(f"baseline {baseline[1]} ({args.baseline}), run in turns with this checkout's sessions:")
+        print(f"{'':44}{'baseline':>10}{'this':>10}")
+        for label, base, this in (
+            (f"{n} tests, s", results["sprite_n_base"], results["sprite_n"]),
+            (
+                "  / torch's harness (median of the rounds)",
+                statistics.median(r["sprite_n_base"] / r["mpct"] for r in rounds),
+                ratio,
+            ),
+            ("one more test, s", results["marginal_base"], marginal),
+            ("  its CPU, every process, s", results["marginal_cpu_base"], results["marginal_cpu"]),
+            ("  its minor page faults", results["marginal_faults_base"], results["marginal_faults"]),
+            ("  cold spawns it takes to equal one", spawns_per_test["_base"], spawns_per_test[""]),
+        ):
+            print(f"{label:44}{base:10.3f}{this:10.3f}")
+        print(
+            f"  rounds, cold spawns a test: {', '.join(share_of(x) for x in round_shares['_base'])} (baseline)"
+        )
     print()
     print(
         f"pytest sessions with a test phase of {STALL} s or more (a dropped reverse DNS query, not the harness): "
