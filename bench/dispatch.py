@@ -620,19 +620,20 @@ def main() -> None:
         print()
         print(f"baseline {baseline[1]} ({args.baseline}), run in turns with this checkout's sessions:")
         print(f"{'':44}{'baseline':>10}{'this':>10}")
-        for label, base, this in (
-            (f"{n} tests, s", results["sprite_n_base"], results["sprite_n"]),
+        for label, base, this, digits in (
+            (f"{n} tests, s", results["sprite_n_base"], results["sprite_n"], 3),
             (
                 "  / torch's harness (median of the rounds)",
                 statistics.median(r["sprite_n_base"] / r["mpct"] for r in rounds),
                 ratio,
+                3,
             ),
-            ("one more test, s", results["marginal_base"], marginal),
-            ("  its CPU, every process, s", results["marginal_cpu_base"], results["marginal_cpu"]),
-            ("  its minor page faults", results["marginal_faults_base"], results["marginal_faults"]),
-            ("  cold spawns it takes to equal one", spawns_per_test["_base"], spawns_per_test[""]),
+            ("one more test, s", results["marginal_base"], marginal, 3),
+            ("  its CPU, every process, s", results["marginal_cpu_base"], results["marginal_cpu"], 3),
+            ("  its minor page faults", results["marginal_faults_base"], results["marginal_faults"], 0),
+            ("  cold spawns it takes to equal one", spawns_per_test["_base"], spawns_per_test[""], 1),
         ):
-            print(f"{label:44}{base:10.3f}{this:10.3f}")
+            print(f"{label:44}{base:10.{digits}f}{this:10.{digits}f}")
         print(
             f"  rounds, cold spawns a test: {', '.join(share_of(x) for x in round_shares['_base'])} (baseline)"
         )
