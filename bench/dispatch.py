@@ -363,7 +363,7 @@ def baseline_env(checkout: Path, env: dict[str, str], cwd: Path) -> tuple[dict[s
     if not (checkout / "pytest_sprite" / "plugin.py").is_file():
         raise SystemExit(
             f"--baseline {checkout}: no pytest_sprite/plugin.py there; give the root of a pytest-sprite "
-            "checkout, e.g. `git worktree add /tmp/base v0.1.0` and `--baseline /tmp/base`"
+            "checkout, e.g. `git worktree add /tmp/base <commit>` and `--baseline /tmp/base`"
         )
     with_base = dict(env, PYTHONPATH=os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH")))))
     found = subprocess.run(
