@@ -17,7 +17,7 @@ tests the figure moved by 20 ms between two quiet runs), packed, with ``--pack=o
 ``SPRITE_HUGE_PAGES=0`` (the heap the ranks are forked from left in 4 KiB pages), with its CPU and minor
 page faults counted over every process of the session (a shared machine moves them less than it moves
 wall time). ``--spawns`` cold spawns (default 5) follow each pair, and the ratio of one cold spawn to
-one more test is the median of the rounds' own ratios. The three ways (packed, ``--pack=off``, 4 KiB pages)
+one more test is the median of the rounds' own ratios. The ways (packed, ``--pack=off``, 4 KiB pages)
 run round by round, one pair of each in turn.
 
 ``--baseline CHECKOUT`` runs another checkout of the plugin (an earlier release, say: ``git worktree add
@@ -285,6 +285,10 @@ class Marginal:
     """Pairs run again because one of their sessions stalled (:data:`STALL`): they are not in the medians."""
 
 
+Round = tuple[tuple[float, float, int], tuple[float, float, int], list[float]]
+"""One round of a way of the marginal cost: the short and the long session (wall, CPU, faults), its cold spawns."""
+
+
 @dataclass(frozen=True)
 class Sessions:
     """One way of running the marginal cost's two sessions: its command lines and its environment."""
@@ -314,7 +318,6 @@ def marginal_of(
     again, at most ``runs`` times in all for each way (a 61-test session makes 122 reverse lookups; one
     dropped adds 5 s, 83 ms a test, to the difference).
     """
-    Round = tuple[tuple[float, float, int], tuple[float, float, int], list[float]]
     rounds: dict[str, list[Round]] = {way.name: [] for way in ways}
     set_aside = dict.fromkeys(rounds, 0)
     while any(len(done) < runs for done in rounds.values()):
@@ -330,11 +333,7 @@ def marginal_of(
     return {name: _marginal(done, extra_tests, set_aside[name]) for name, done in rounds.items()}
 
 
-def _marginal(
-    rounds: list[tuple[tuple[float, float, int], tuple[float, float, int], list[float]]],
-    extra_tests: int,
-    set_aside: int,
-) -> Marginal:
+def _marginal(rounds: list[Round], extra_tests: int, set_aside: int) -> Marginal:
     shares = [
         statistics.mean(c) / ((b[0] - a[0]) / extra_tests) if b[0] > a[0] else float("inf")
         for a, b, c in rounds
