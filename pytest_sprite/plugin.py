@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from .errors import SpriteUsageError
+from .glue import ranked_report
 from .glue.markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
 from .glue.options import Settings, register_options, settings_key
+from .glue.pytest_timeout import register_timeout_bridge
 from .glue.results import ResultsPlugin
 
 pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
@@ -49,6 +51,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
     config.pluginmanager.register(ResultsPlugin(), "sprite-results")
+    config.pluginmanager.register(ranked_report, "sprite-ranked-reports")
+    register_timeout_bridge(config)
     agent_address = config.getoption("sprite_agent", None)
     if settings.torch_tests == "ranks":  # torch's MultiProcessTestCase tests on ranks (issue 26)
         from .torch_tests import register

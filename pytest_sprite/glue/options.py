@@ -19,7 +19,15 @@ from ..env.device import DEVICE_CHOICES
 from ..errors import SpriteUsageError
 from .markers import parse_positive_int, parse_timeout
 
-__all__ = ["LAUNCHER_NAMES", "OPTIONS", "QWEN_PATH_ENV", "Settings", "register_options", "settings_key"]
+__all__ = [
+    "DEFAULT_TIMEOUT_SOURCE",
+    "LAUNCHER_NAMES",
+    "OPTIONS",
+    "QWEN_PATH_ENV",
+    "Settings",
+    "register_options",
+    "settings_key",
+]
 
 LAUNCHER_NAMES: Final = ("local", "mpiexec", "pals", "srun", "torchrun")
 """The ``--launcher`` values; ``launch.launchers`` maps each to its module."""
@@ -27,6 +35,8 @@ QWEN_PATH_ENV: Final = "SPRITE_QWEN_PATH"
 """The environment variable that names real Qwen2 weights (``--qwen-path``)."""
 
 DEFAULT_TIMEOUT: Final = 300.0
+DEFAULT_TIMEOUT_SOURCE: Final = "the default"
+"""``Settings.timeout_source`` when no option, ini key or environment variable set the rank timeout."""
 DEFAULT_GRACE: Final = 5.0
 DEFAULT_CONNECT_TIMEOUT: Final = 120.0
 SUMMARY_CHOICES: Final = ("auto", "no")
@@ -346,7 +356,7 @@ class Settings:
             world_size=parse_positive_int(*ranks) if ranks else None,
             launcher=launcher_name,
             timeout=parse_timeout(*timeout) if timeout else DEFAULT_TIMEOUT,
-            timeout_source=timeout[1] if timeout else "the default",
+            timeout_source=timeout[1] if timeout else DEFAULT_TIMEOUT_SOURCE,
             grace=parse_timeout(*grace) if grace else DEFAULT_GRACE,
             ppn=parse_positive_int(*ppn) if ppn else None,
             launcher_args=tuple(shlex.split(str(largs[0]))) if largs else (),

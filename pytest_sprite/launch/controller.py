@@ -44,7 +44,7 @@ from ..plumbing.protocol import (
     Warning_,
 )
 from ..plumbing.ranges import fold_ranks
-from ..plumbing.timing import monotonic
+from ..plumbing.timing import monotonic, wall
 from .merge import RankEnd
 from .pool import AgentPool
 from .reporting import log_run, log_warnings, merge_run
@@ -345,7 +345,7 @@ class Controller:
 
     def _start(self, pool: AgentPool, run: _Run, agents: tuple[int, ...]) -> None:
         """Send ``run`` to its agents: its own world 0..n-1, its own rendezvous on its first agent's host."""
-        run.agents, run.started = agents, monotonic()
+        run.agents, run.started, run.started_at = agents, monotonic(), wall()
         self.running[run.run_id] = run
         self.on_agent.update((agent, run.run_id) for agent in agents)
         self.use.started(run.run_id, run.n, run.started)

@@ -15,10 +15,13 @@ from typing import Any, Literal
 from pytest import TestReport
 
 from ..glue.pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
+from ..glue.ranked_report import ranked_report
 from ..glue.results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
 from ..plumbing.collectives import TRANSPORT_ERROR, waiting_collective
 from ..plumbing.protocol import EndedBy
 from ..plumbing.ranges import fold_ranks
+from ..plumbing.timing import wall
+from .rank_output import bounded, phase_output
 from .rollcall import (
     Place,
     cause_sentence,
@@ -61,12 +64,18 @@ class RankEnd:
     """The last lines the child printed (uncaptured output, captured output of the running phase)."""
     stacks: str = ""
     """Python stacks of every thread at the moment it was ended (faulthandler)."""
+    ended_at: float = field(default_factory=wall, compare=False)
+    """Wall-clock time (:func:`~pytest_sprite.plumbing.timing.wall`) when the controller learned of the end: the phase the rank was in
+    held it until then, so a rank that timed out, crashed or was lost reports that phase's true duration."""
 
     @classmethod
     def of_exit(cls, rank: int, payload: Mapping[str, Any]) -> RankEnd:
         """Test rank ``rank``'s end, from its agent's ``child_exited`` frame (the frame's own rank is the agent's)."""
         return cls(
-            rank=rank, **{f.name: payload[f.name] for f in dataclasses.fields(cls) if f.name != "rank"}
+            rank=rank,
+            **{
+                f.name: payload[f.name] for f in dataclasses.fields(cls) if f.name not in ("rank", "ended_at")
+            },
         )
 
     @property
@@ -174,8 +183,19 @@ def _failure_key(longrepr: Any) -> Any:
 
 
 def _synthesize(
-    template: TestReport | None, nodeid: str, location: Any, keywords: Any, phase: str, text: str
+    template: TestReport | None,
+    nodeid: str,
+    location: Any,
+    keywords: Any,
+    phase: str,
+    text: str,
+    *,
+    timing: tuple[float, float] | None = None,
 ) -> TestReport:
+    """A failed report of ``phase`` saying ``text``; it lasted ``timing`` (start, stop), else as ``template``."""
+    if timing is None:
+        timing = (template.start, template.stop) if template is not None else (0.0, 0.0)
+    start, stop = timing
     return TestReport(
         nodeid=nodeid,
         location=location,
@@ -184,9 +204,22 @@ def _synthesize(
         longrepr=text,
         when=phase,  # type: ignore[arg-type]
         sections=[],
-        duration=0.0,
+        duration=max(0.0, stop - start),
+        start=start,
+        stop=stop,
         user_properties=list(template.user_properties) if template else [],
     )
+
+
+def _held_until_end(
+    reports: Sequence[TestReport], end: RankEnd, started_at: float | None
+) -> tuple[float, float]:
+    """When the phase a rank never finished began and ended: from its last report (else the test's start)
+    until its end was known, the wall time that phase held the rank."""
+    begun = reports[-1].stop if reports and reports[-1].stop else started_at
+    if not begun:
+        return (end.ended_at, end.ended_at)
+    return (begun, max(begun, end.ended_at))
 
 
 def merge_rank_reports(
@@ -201,6 +234,7 @@ def merge_rank_reports(
     hosts: dict[int, str] | None = None,
     stacks_took: float | None = None,
     woken: Collection[int] = (),
+    started_at: float | None = None,
 ) -> list[TestReport]:
     """One report per phase that any rank reached, merged over ranks.
 
@@ -210,10 +244,16 @@ def merge_rank_reports(
     its peers waited in a collective is shown first as the cause, their transport errors as its
     consequences; ranks the harness ended are shown as one roll call (issue 27), which says how long
     taking their stacks took (``stacks_took``, seconds). The last merged report carries every rank's
-    outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host.
+    outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host. ``started_at``
+    (wall clock) is when the test's ranks started: a rank that ended before its first report held its setup
+    from then until its end.
     """
-    outcomes = rank_outcomes(per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {})
-    by_phase, synthesized = _reports_by_phase(per_rank, ends, world_size, nodeid, location, keywords)
+    outcomes = rank_outcomes(
+        per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {}, started_at=started_at
+    )
+    by_phase, synthesized = _reports_by_phase(
+        per_rank, ends, world_size, nodeid, location, keywords, started_at
+    )
     places = rank_places(per_rank=per_rank, ends=ends, world_size=world_size, woken=woken)
     causes = _blame_lost_peers(by_phase, places, nodeid, location, keywords)
     _roll_call(by_phase, ends, places, synthesized, woken, stacks_took, nodeid, location, keywords)
@@ -253,6 +293,7 @@ def _reports_by_phase(
     nodeid: str,
     location: tuple[str, int | None, str],
     keywords: dict[str, Any],
+    started_at: float | None,
 ) -> tuple[dict[str, dict[int, TestReport]], dict[int, str]]:
     """Each phase's report of each rank, one synthesized where a rank ended without finishing.
 
@@ -275,6 +316,7 @@ def _reports_by_phase(
                 keywords,
                 running,
                 describe_end(end, running),
+                timing=_held_until_end(reports, end, started_at),
             )
     return by_phase, synthesized
 
@@ -458,12 +500,16 @@ def rank_outcomes(
     ends: dict[int, RankEnd],
     world_size: int,
     hosts: dict[int, str],
+    started_at: float | None = None,
 ) -> list[dict[str, Any]]:
-    """One entry per rank: outcome, exit code or signal, duration, host and device.
+    """One entry per rank: outcome, exit code or signal, duration, host, device, and what it printed.
 
     The outcome is the rank's own: ``failed`` / ``skipped`` / ``passed`` from its reports when its child
     ran to its end; ``crashed`` (it died by a signal or exited early), ``timeout``, ``ended`` (ended after
-    a peer failed) or ``lost`` (its agent was lost or could not run it) otherwise.
+    a peer failed) or ``lost`` (its agent was lost or could not run it) otherwise. The duration is the
+    wall time the rank was held, the phase it never finished included (until its end was known).
+    ``output`` is each phase's captured stdout, stderr and log; ``last_output``, for a rank that did not
+    end cleanly, the last lines its process wrote.
     """
     out = []
     for rank in range(world_size):
@@ -481,19 +527,25 @@ def rank_outcomes(
         else:
             outcome = "passed"
         device = next((getattr(r, DEVICE_ATTR) for r in reports if getattr(r, DEVICE_ATTR, None)), None)
-        out.append(
-            {
-                "rank": rank,
-                "outcome": outcome,
-                "exit_code": end.exitcode,
-                "signal": end.signal,
-                "signal_name": _signal_name(end.signal) if end.signal is not None else None,
-                "ended_by": end.ended_by,
-                "duration": sum(r.duration for r in reports) if reports else None,
-                "host": hosts.get(rank),
-                "device": device,
-            }
-        )
+        duration: float | None = sum(r.duration for r in reports) if reports else None
+        if not finished and (reports or started_at):
+            start, stop = _held_until_end(reports, end, started_at)
+            duration = (duration or 0.0) + (stop - start)
+        entry: dict[str, Any] = {
+            "rank": rank,
+            "outcome": outcome,
+            "exit_code": end.exitcode,
+            "signal": end.signal,
+            "signal_name": _signal_name(end.signal) if end.signal is not None else None,
+            "ended_by": end.ended_by,
+            "duration": duration,
+            "host": hosts.get(rank),
+            "device": device,
+            "output": phase_output(reports),
+        }
+        if not end.clean and end.output_tail.strip():
+            entry["last_output"] = bounded(end.output_tail)
+        out.append(entry)
     return out
 
 
@@ -542,7 +594,10 @@ def _merge_phase(
     if phase == "call" or (phase == "setup" and len(reps) and all(not rep.passed for rep in reps.values())):
         user_properties.extend((f"sprite.rank{r}", reps[r].outcome) for r in ranks)
         user_properties.append(("sprite.world_size", world_size))
+    # The phase held its ranks from the first one's start until the last one's end.
     duration = max(rep.duration for rep in reps.values())
+    starts = [rep.start for rep in reps.values() if rep.start]
+    stops = [rep.stop for rep in reps.values() if rep.stop]
     if failed:
         longrepr: Any = _rank_failures(reps, failed, failure_order, causes, ends, location)
         if skipped:
@@ -556,15 +611,17 @@ def _merge_phase(
         outcome, longrepr = "passed", None
         if skipped:
             sections.append(("sprite", f"{fold_ranks(skipped)} skipped, the others passed"))
-    merged = TestReport(
+    merged = ranked_report(
         nodeid=nodeid,
         location=location,
         keywords=keywords,
-        outcome=outcome,  # type: ignore[arg-type]
+        outcome=outcome,
         longrepr=longrepr,
-        when=phase,  # type: ignore[arg-type]
+        when=phase,
         sections=sections,
         duration=duration,
+        start=min(starts) if starts else 0.0,
+        stop=max(stops) if stops else 0.0,
         user_properties=user_properties,
     )
     # Every rank records the same verdict: keep the lowest rank's results rather than N copies.

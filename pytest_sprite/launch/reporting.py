@@ -103,6 +103,7 @@ def _log_carried(run: _Run, carried: CarriedTest) -> None:
         hosts=run.hosts,
         stacks_took=run.stacks_took,
         woken=run.woken,
+        started_at=run.started_at or None,
     ):
         keep_reported(item, report)
         ihook.pytest_runtest_logreport(report=report)
@@ -123,4 +124,5 @@ def merge_run(run: _Run) -> list[pytest.TestReport]:
         hosts=run.hosts,
         stacks_took=run.stacks_took,
         woken=run.woken,
+        started_at=run.started_at or None,
     )

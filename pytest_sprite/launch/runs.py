@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec, timeout_source_key
-from ..glue.options import Settings
+from ..glue.options import DEFAULT_TIMEOUT_SOURCE, Settings
+from ..glue.pytest_timeout import pytest_timeout_of
 from ..plumbing.placement import Placement
 from ..plumbing.protocol import EndedBy, RunSpec
 from ..plumbing.timing import monotonic
@@ -90,16 +91,23 @@ def size_items(items: list[pytest.Item], world_size: int | None) -> int | None:
 
 
 def item_timeout(item: pytest.Item, settings: Settings) -> tuple[float, str]:
-    """The seconds ``item`` may run and where that came from: its marker's ``timeout=``, else the session's.
+    """The seconds ``item`` may run and where that came from, the most specific first: its marker's
+    ``timeout=``; pytest-timeout's marker; the session's rank timeout when given; pytest-timeout's
+    session timeout; the session's default (see :mod:`pytest_sprite.glue.pytest_timeout`).
 
     Whatever form the marker has (a size, a list of sizes, ``"world"``): a parametrized item's spec is
     found through :func:`item_ranks_spec`, not only in its stash, which only an unparametrized item had
-    filled at this point, so ``ranks("world", timeout=8)`` used to run for the session's timeout (issue 27).
+    filled at this point, so ``ranks("world", timeout=8)`` runs for its own timeout.
     """
     spec = item_ranks_spec(item)
     if spec is not None and spec.timeout is not None:  # a plugin that added the marker names its source
         return spec.timeout, item.stash.get(timeout_source_key, "@pytest.mark.ranks(timeout=...)")
-    return settings.timeout, settings.timeout_source
+    marked = pytest_timeout_of(item, per_test_only=True)
+    if marked is not None:
+        return marked
+    if settings.timeout_source != DEFAULT_TIMEOUT_SOURCE:
+        return settings.timeout, settings.timeout_source
+    return pytest_timeout_of(item) or (settings.timeout, settings.timeout_source)
 
 
 def launches_early(settings: Settings, *, collect_only: bool, cores: int) -> bool:
@@ -149,6 +157,8 @@ class _Run:
     agents: tuple[int, ...] = ()
     """Test rank r runs on agent ``agents[r]``; empty until it starts."""
     started: float = 0.0
+    started_at: float = 0.0
+    """Wall clock (``timing.wall``) of ``started``, which the ranks' report times are comparable with."""
     done: bool = False
     reports: dict[int, list[pytest.TestReport]] = field(default_factory=dict)
     ends: dict[int, RankEnd] = field(default_factory=dict)
