@@ -39,7 +39,11 @@ def test_loses_its_agent_after_a_second(world):
         os.kill(os.getppid(), signal.SIGKILL)
 """
 
-LEAST = {"test_times_out": 2.0, "test_crashes_after_a_second": 1.0, "test_loses_its_agent_after_a_second": 1.0}
+LEAST = {
+    "test_times_out": 2.0,
+    "test_crashes_after_a_second": 1.0,
+    "test_loses_its_agent_after_a_second": 1.0,
+}
 
 
 def test_a_timeout_a_crash_and_a_lost_agent_report_the_time_they_held(pytester: pytest.Pytester) -> None:
