@@ -45,8 +45,8 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.timing import monotonic, wall
-from .merge import RankEnd
 from .pool import AgentPool
+from .rank_end import RankEnd
 from .reporting import log_run, log_warnings, merge_run
 from .runs import (
     _hypothesis_seed,

@@ -7,21 +7,20 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pytest import TestReport
 
 from ..glue.pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
 from ..glue.ranked_report import ranked_report
-from ..glue.results import DEVICE_ATTR, RANKS_ATTR, REPORT_ATTR
-from ..plumbing.collectives import TRANSPORT_ERROR, waiting_collective
+from ..glue.results import RANKS_ATTR, REPORT_ATTR
+from ..plumbing.collectives import TRANSPORT_ERROR
 from ..plumbing.protocol import EndedBy
 from ..plumbing.ranges import fold_ranks
-from ..plumbing.timing import wall
-from .rank_output import bounded, phase_output
+from .rank_end import PHASES, RankEnd, describe_end, held_until_end, phase_in_progress
+from .rank_entries import rank_outcomes
 from .rollcall import (
     Place,
     cause_sentence,
@@ -33,103 +32,7 @@ from .rollcall import (
     stacks_sections,
 )
 
-__all__ = [
-    "PHASES",
-    "RankEnd",
-    "RankFailures",
-    "merge_rank_reports",
-    "phase_in_progress",
-    "rank_outcomes",
-]
-
-
-PHASES = ("setup", "call", "teardown")
-Phase = Literal["setup", "call", "teardown"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankEnd:
-    """How one rank's child ended, as its agent saw it."""
-
-    rank: int
-    exitcode: int | None = None
-    """Exit status when it exited by itself."""
-    signal: int | None = None
-    """Signal number when it was killed."""
-    ended_by: EndedBy | None = None
-    """Why the harness ended it (None: it ended by itself)."""
-    detail: str = ""
-    """Human-readable context for ``ended_by`` (timeout value, which ranks failed first)."""
-    output_tail: str = ""
-    """The last lines the child printed (uncaptured output, captured output of the running phase)."""
-    stacks: str = ""
-    """Python stacks of every thread at the moment it was ended (faulthandler)."""
-    ended_at: float = field(default_factory=wall, compare=False)
-    """Wall-clock time (:func:`~pytest_sprite.plumbing.timing.wall`) when the controller learned of the end: the phase the rank was in
-    held it until then, so a rank that timed out, crashed or was lost reports that phase's true duration."""
-
-    @classmethod
-    def of_exit(cls, rank: int, payload: Mapping[str, Any]) -> RankEnd:
-        """Test rank ``rank``'s end, from its agent's ``child_exited`` frame (the frame's own rank is the agent's)."""
-        return cls(
-            rank=rank,
-            **{
-                f.name: payload[f.name] for f in dataclasses.fields(cls) if f.name not in ("rank", "ended_at")
-            },
-        )
-
-    @property
-    def clean(self) -> bool:
-        """True when the child ran to its normal end."""
-        return self.ended_by is None and self.signal is None and self.exitcode == 0
-
-
-def phase_in_progress(reports: Sequence[TestReport]) -> Phase:
-    """The phase a child was in when it ended, given the reports it had already sent."""
-    done = [r.when for r in reports]
-    if not done:
-        return "setup"
-    last = reports[-1]
-    if last.when == "setup":
-        return "call" if last.passed else "teardown"
-    return "teardown"
-
-
-def _signal_name(signum: int) -> str:
-    import signal as _signal
-
-    try:
-        return _signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def describe_end(end: RankEnd, phase: str) -> str:
-    """One-paragraph explanation of an abnormal end, naming the rank, phase and cause."""
-    who = f"rank {end.rank}"
-    collective = waiting_collective(end.stacks)
-    waiting = f", waiting in {collective}" if collective else ""
-    if end.ended_by == "timeout":
-        head = f"{who} was still running {end.detail} (during {phase}){waiting}; its Python stacks at that moment follow"
-    elif end.ended_by == "peer_failed":
-        head = (
-            f"{who} was ended during {phase} {end.detail}{waiting}: it lost its peer; "
-            "its Python stacks at that moment follow"
-        )
-    elif end.ended_by == "agent_lost":
-        head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
-    elif end.ended_by == "agent_error":
-        head = f"{who}: its rank agent could not run the test: {end.detail}"
-    elif end.signal is not None:
-        head = f"{who} CRASHED with signal {end.signal} ({_signal_name(end.signal)}) during {phase}"
-    else:
-        head = f"{who} exited with code {end.exitcode} during {phase} before reporting its result"
-    parts = [head]
-    if end.stacks.strip():
-        parts.append(f"--- stacks of {who} (most recent call first) ---\n{end.stacks.rstrip()}")
-    if end.output_tail.strip():
-        parts.append(f"--- last output of {who} ---\n{end.output_tail.rstrip()}")
-    return "\n".join(parts)
+__all__ = ["RankFailures", "merge_rank_reports"]
 
 
 @dataclass(eq=False)
@@ -211,17 +114,6 @@ def _synthesize(
     )
 
 
-def _held_until_end(
-    reports: Sequence[TestReport], end: RankEnd, started_at: float | None
-) -> tuple[float, float]:
-    """When the phase a rank never finished began and ended: from its last report (else the test's start)
-    until its end was known, the wall time that phase held the rank."""
-    begun = reports[-1].stop if reports and reports[-1].stop else started_at
-    if not begun:
-        return (end.ended_at, end.ended_at)
-    return (begun, max(begun, end.ended_at))
-
-
 def merge_rank_reports(
     *,
     nodeid: str,
@@ -257,14 +149,7 @@ def merge_rank_reports(
     places = rank_places(per_rank=per_rank, ends=ends, world_size=world_size, woken=woken)
     causes = _blame_lost_peers(by_phase, places, nodeid, location, keywords)
     _roll_call(by_phase, ends, places, synthesized, woken, stacks_took, nodeid, location, keywords)
-    setup = by_phase["setup"]
-    if any(not rep.passed for rep in setup.values()):
-        # pytest runs the call only after a passed setup: when any rank's setup did not pass, the
-        # test has no call phase; ranks that failed their call anyway join the setup failure.
-        for rank, rep in by_phase["call"].items():
-            if rep.failed:
-                setup[rank] = rep
-        by_phase["call"] = {}
+    _no_call_after_a_failed_setup(by_phase)
     merged = []
     for phase in PHASES:
         if by_phase[phase]:
@@ -284,6 +169,17 @@ def merge_rank_reports(
     if merged:
         setattr(merged[-1], RANKS_ATTR, outcomes)
     return merged
+
+
+def _no_call_after_a_failed_setup(by_phase: dict[str, dict[int, TestReport]]) -> None:
+    """pytest runs the call only after a passed setup: when any rank's setup did not pass, the test has no
+    call phase; ranks that failed their call anyway join the setup failure."""
+    setup = by_phase["setup"]
+    if any(not rep.passed for rep in setup.values()):
+        for rank, rep in by_phase["call"].items():
+            if rep.failed:
+                setup[rank] = rep
+        by_phase["call"] = {}
 
 
 def _reports_by_phase(
@@ -316,7 +212,7 @@ def _reports_by_phase(
                 keywords,
                 running,
                 describe_end(end, running),
-                timing=_held_until_end(reports, end, started_at),
+                timing=held_until_end(reports, end, started_at),
             )
     return by_phase, synthesized
 
@@ -480,75 +376,6 @@ _TAILS_SHOWN = 4
 """Distinct output tails shown under a roll call; identical ones fold."""
 
 
-def _crash_words(end: RankEnd) -> str:
-    if end.signal is not None:
-        return f"crashed with signal {end.signal} ({_signal_name(end.signal)})"
-    return f"exited with code {end.exitcode}"
-
-
-_ENDED_BY_OUTCOME = {
-    "timeout": "timeout",
-    "peer_failed": "ended",
-    "agent_lost": "lost",
-    "agent_error": "lost",
-}
-
-
-def rank_outcomes(
-    *,
-    per_rank: dict[int, list[TestReport]],
-    ends: dict[int, RankEnd],
-    world_size: int,
-    hosts: dict[int, str],
-    started_at: float | None = None,
-) -> list[dict[str, Any]]:
-    """One entry per rank: outcome, exit code or signal, duration, host, device, and what it printed.
-
-    The outcome is the rank's own: ``failed`` / ``skipped`` / ``passed`` from its reports when its child
-    ran to its end; ``crashed`` (it died by a signal or exited early), ``timeout``, ``ended`` (ended after
-    a peer failed) or ``lost`` (its agent was lost or could not run it) otherwise. The duration is the
-    wall time the rank was held, the phase it never finished included (until its end was known).
-    ``output`` is each phase's captured stdout, stderr and log; ``last_output``, for a rank that did not
-    end cleanly, the last lines its process wrote.
-    """
-    out = []
-    for rank in range(world_size):
-        reports = per_rank.get(rank, [])
-        end = ends.get(rank, RankEnd(rank=rank, ended_by="agent_lost", detail="no exit status received"))
-        finished = bool(reports) and reports[-1].when == "teardown"
-        if end.ended_by is not None:
-            outcome = _ENDED_BY_OUTCOME[end.ended_by]
-        elif not finished or end.signal is not None:
-            outcome = "crashed"
-        elif any(r.failed for r in reports):
-            outcome = "failed"
-        elif any(r.skipped for r in reports):
-            outcome = "skipped"
-        else:
-            outcome = "passed"
-        device = next((getattr(r, DEVICE_ATTR) for r in reports if getattr(r, DEVICE_ATTR, None)), None)
-        duration: float | None = sum(r.duration for r in reports) if reports else None
-        if not finished and (reports or started_at):
-            start, stop = _held_until_end(reports, end, started_at)
-            duration = (duration or 0.0) + (stop - start)
-        entry: dict[str, Any] = {
-            "rank": rank,
-            "outcome": outcome,
-            "exit_code": end.exitcode,
-            "signal": end.signal,
-            "signal_name": _signal_name(end.signal) if end.signal is not None else None,
-            "ended_by": end.ended_by,
-            "duration": duration,
-            "host": hosts.get(rank),
-            "device": device,
-            "output": phase_output(reports),
-        }
-        if not end.clean and end.output_tail.strip():
-            entry["last_output"] = bounded(end.output_tail)
-        out.append(entry)
-    return out
-
-
 def _rank_failures(
     reps: dict[int, TestReport],
     failed: list[int],
@@ -570,6 +397,17 @@ def _rank_failures(
         groups=[(tuple(rs), lr) for rs, lr in groups.values()],
         location=(str(location[0]), int(location[1] or 0) + 1),
     )
+
+
+def _held(reps: Collection[TestReport]) -> dict[str, float]:
+    """A merged phase's timing: it held its ranks from the first one's start until the last one's end."""
+    starts = [rep.start for rep in reps if rep.start]
+    stops = [rep.stop for rep in reps if rep.stop]
+    return {
+        "duration": max(rep.duration for rep in reps),
+        "start": min(starts) if starts else 0.0,
+        "stop": max(stops) if stops else 0.0,
+    }
 
 
 def _merge_phase(
@@ -594,10 +432,6 @@ def _merge_phase(
     if phase == "call" or (phase == "setup" and len(reps) and all(not rep.passed for rep in reps.values())):
         user_properties.extend((f"sprite.rank{r}", reps[r].outcome) for r in ranks)
         user_properties.append(("sprite.world_size", world_size))
-    # The phase held its ranks from the first one's start until the last one's end.
-    duration = max(rep.duration for rep in reps.values())
-    starts = [rep.start for rep in reps.values() if rep.start]
-    stops = [rep.stop for rep in reps.values() if rep.stop]
     if failed:
         longrepr: Any = _rank_failures(reps, failed, failure_order, causes, ends, location)
         if skipped:
@@ -619,9 +453,7 @@ def _merge_phase(
         longrepr=longrepr,
         when=phase,
         sections=sections,
-        duration=duration,
-        start=min(starts) if starts else 0.0,
-        stop=max(stops) if stops else 0.0,
+        **_held(reps.values()),
         user_properties=user_properties,
     )
     # Every rank records the same verdict: keep the lowest rank's results rather than N copies.

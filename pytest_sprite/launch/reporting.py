@@ -17,7 +17,8 @@ from ..glue.around import CarriedTest, around_ranks_key
 from ..glue.results import keep_reported
 from ..glue.tmp_path import prune_test_dir
 from ..plumbing.ranges import fold_ranks
-from .merge import RankEnd, merge_rank_reports
+from .merge import merge_rank_reports
+from .rank_end import RankEnd
 from .runs import _Run
 
 __all__ = ["log_run", "log_warnings", "merge_run"]

@@ -20,7 +20,7 @@ from ..glue.pytest_timeout import pytest_timeout_of
 from ..plumbing.placement import Placement
 from ..plumbing.protocol import EndedBy, RunSpec
 from ..plumbing.timing import monotonic
-from .merge import RankEnd
+from .rank_end import RankEnd
 
 __all__ = [
     "beyond_world_key",

@@ -14,7 +14,8 @@ from sprite_testing import run_pytest
 
 from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
-from pytest_sprite.launch.merge import RankEnd, merge_rank_reports
+from pytest_sprite.launch.merge import merge_rank_reports
+from pytest_sprite.launch.rank_end import RankEnd
 from pytest_sprite.plumbing.collectives import no_stack_text
 
 TIMEOUT = 300

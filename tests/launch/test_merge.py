@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_sprite.launch.merge import RankEnd, merge_rank_reports, phase_in_progress
+from pytest_sprite.launch.merge import merge_rank_reports
+from pytest_sprite.launch.rank_end import RankEnd, phase_in_progress
 from pytest_sprite.plumbing.ranges import fold_ranks
 
 pytestmark = pytest.mark.cpu

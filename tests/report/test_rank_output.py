@@ -10,7 +10,7 @@ import pytest
 from sprite_testing import run_pytest
 
 from pytest_sprite.glue.ranked_report import RANKED_ATTR, RankedReport, ranked_report
-from pytest_sprite.launch.rank_output import bounded
+from pytest_sprite.launch.rank_entries import bounded
 
 pytestmark = pytest.mark.cpu
 

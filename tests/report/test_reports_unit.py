@@ -16,7 +16,8 @@ from pytest_sprite.assertions.parity import ArmParity, ParityResult
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue import results as _results
 from pytest_sprite.glue.results import record_assertion
-from pytest_sprite.launch.merge import RankEnd, merge_rank_reports
+from pytest_sprite.launch.merge import merge_rank_reports
+from pytest_sprite.launch.rank_end import RankEnd
 from pytest_sprite.report.json_report import check_target, write_document
 from pytest_sprite.report.kinds import get_kind, parity_rows
 from pytest_sprite.report.terminal import build_tables, render_kind_table
