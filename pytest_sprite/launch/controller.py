@@ -27,7 +27,6 @@ from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
 from ..glue.tmp_path import TMP_FIXTURES, make_test_dir
-from ..plumbing.collectives import STACK_WAIT
 from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
     AGENT_EVENTS,
@@ -44,6 +43,7 @@ from ..plumbing.protocol import (
     Warning_,
 )
 from ..plumbing.ranges import fold_ranks
+from ..plumbing.stacks import STACK_WAIT
 from ..plumbing.timing import monotonic, wall
 from .pool import AgentPool
 from .rank_end import RankEnd

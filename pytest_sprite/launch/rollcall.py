@@ -17,15 +17,9 @@ from typing import Any, Final
 
 from pytest import TestReport
 
-from ..plumbing.collectives import (
-    TRANSPORT_ERROR,
-    Where,
-    called_name,
-    missing_stack,
-    normalize_stacks,
-    whereabouts,
-)
+from ..plumbing.collectives import TRANSPORT_ERROR, Where, called_name, whereabouts
 from ..plumbing.ranges import fold_ranks
+from ..plumbing.stacks import missing_stack, normalize_stacks
 
 __all__ = [
     "ROLL_CALL_PLACES",

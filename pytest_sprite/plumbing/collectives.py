@@ -1,6 +1,6 @@
-"""What a rank's collectives say about a failure: the one it waits in, and a mismatch in short (issue 9).
+"""What a rank's collectives say about a failure: the one it waits in, and a mismatch in short.
 
-Pure text functions over a faulthandler dump and torch's collective fingerprint error, so a timeout
+Pure functions over a rank's stacks (read by :mod:`pytest_sprite.plumbing.stacks`) and torch's collective fingerprint error, so a timeout
 report can name the collective each rank waits in and where each rank is (:func:`whereabouts`, the
 roll call of issue 27), and a ``--collective-check`` failure shows each rank's op, shapes, dtypes and
 sequence number on one line. Stdlib only; both sides import it.
@@ -13,28 +13,17 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from .stacks import Frame, parse_threads
+
 __all__ = [
-    "NO_STACK",
-    "STACK_WAIT",
     "TRANSPORT_ERROR",
-    "Frame",
     "Where",
     "called_name",
     "is_library",
     "mismatch_summary",
-    "missing_stack",
-    "no_stack_text",
-    "normalize_stacks",
-    "parse_threads",
     "waiting_collective",
     "whereabouts",
 ]
-
-STACK_WAIT: Final = 15.0
-"""Seconds an agent waits for its child to answer the stack signal before it kills it without a stack."""
-
-NO_STACK: Final = "sprite: no stack: "
-"""What an ended rank's stacks hold, followed by the reason, when none could be taken."""
 
 TRANSPORT_ERROR: Final = re.compile(
     r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe|ECONNRESET|EPIPE|"
@@ -43,7 +32,6 @@ TRANSPORT_ERROR: Final = re.compile(
 )
 """What a rank's error says when its transport broke under it (gloo, the TCPStore), not its own fault."""
 
-_FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
 _FINGERPRINT: Final = re.compile(
     r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(?P<seq>\d+), "
     r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?(?:, TensorDtypes=(?P<dtypes>[\w, ]*?)(?:, TensorDeviceTypes|\)))?"
@@ -57,22 +45,16 @@ def waiting_collective(stacks: str) -> str | None:
     ``torch/distributed/`` in a thread is the collective, the first frame outside it the caller.
     None when no thread is inside torch.distributed.
     """
-    collective: str | None = None
-    for line in stacks.splitlines():
-        if "(most recent call first)" in line:
-            collective = None
+    for thread in parse_threads(stacks):
+        found = _collective_in(thread)
+        if found is None:
             continue
-        frame = _FRAME.match(line)
-        if frame is None:
-            continue
-        in_torch_distributed = "/torch/distributed/" in frame["path"]
-        if collective is None:
-            if in_torch_distributed and not frame["func"].startswith("_") and frame["func"] != "wrapper":
-                collective = frame["func"]
-            continue
-        if not in_torch_distributed:
-            return f"{collective} (called at {frame['path'].rsplit('/', 1)[-1]}:{frame['line']})"
-    return collective
+        collective, i = found
+        caller = next((f for f in thread[i + 1 :] if "/torch/distributed/" not in f.path), None)
+        if caller is None:
+            return collective
+        return f"{collective} (called at {caller.path.rsplit('/', 1)[-1]}:{caller.line})"
+    return None
 
 
 def mismatch_summary(message: str) -> str | None:
@@ -86,52 +68,6 @@ def mismatch_summary(message: str) -> str | None:
         dtypes = f" {found['dtypes']}" if found["dtypes"] else ""
         lines.setdefault(rank, f"rank {rank}: {found['op']} #{found['seq']}{shape}{dtypes}")
     return "\n".join(lines[r] for r in sorted(lines)) or None
-
-
-def no_stack_text(reason: str) -> str:
-    """The stacks field of a rank whose stack could not be taken, saying why."""
-    return f"{NO_STACK}{reason}"
-
-
-def missing_stack(stacks: str) -> str | None:
-    """Why a rank has no stack (see :func:`no_stack_text`), None when it has one or was not asked."""
-    return stacks[len(NO_STACK) :].strip() if stacks.startswith(NO_STACK) else None
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One frame of a faulthandler dump."""
-
-    path: str
-    line: int
-    func: str
-
-
-def parse_threads(stacks: str) -> list[list[Frame]]:
-    """The threads of a faulthandler dump, each a list of frames, most recent first; threads without frames left out."""
-    threads: list[list[Frame]] = []
-    current: list[Frame] | None = None
-    for text in stacks.splitlines():
-        if "(most recent call first)" in text:
-            current = []
-            threads.append(current)
-            continue
-        frame = _FRAME.match(text)
-        if frame is None:
-            continue
-        if current is None:
-            current = []
-            threads.append(current)
-        current.append(Frame(frame["path"], int(frame["line"]), frame["func"]))
-    return [t for t in threads if t]
-
-
-_ADDRESS: Final = re.compile(r"0x[0-9a-fA-F]+")
-
-
-def normalize_stacks(stacks: str) -> str:
-    """``stacks`` as compared between ranks: thread addresses and blank lines dropped."""
-    return "\n".join(_ADDRESS.sub("0x...", line.rstrip()) for line in stacks.splitlines() if line.strip())
 
 
 _LIBRARY: Final = re.compile(

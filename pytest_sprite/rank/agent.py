@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from ..glue.pytest_internals import fresh_session_state
-from ..plumbing.collectives import no_stack_text
 from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
 from ..plumbing.process import collapse_heap_once
 from ..plumbing.protocol import (
@@ -38,12 +37,12 @@ from ..plumbing.protocol import (
     recv_frame,
     send_frame,
 )
+from ..plumbing.stacks import keep_stack_dumps, no_stack_text, take_stacks
 from ..plumbing.timing import monotonic, sleep
 from ..subworld import Pristine
 from ..subworld.join import store_listener
 from .child import forget_child_session, register_child_session, run_spare
 from .leftovers import describe_leftovers, end_session_leftovers
-from .stacks import keep_stack_dumps, take_stacks
 
 __all__ = ["Agent", "connect_to_controller"]
 

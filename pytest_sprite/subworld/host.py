@@ -25,7 +25,8 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.placement import place
 from pytest_sprite.plumbing.process import wait_status
-from pytest_sprite.plumbing.protocol import STACK_SIGNAL, ObjectReader
+from pytest_sprite.plumbing.protocol import ObjectReader
+from pytest_sprite.plumbing.stacks import no_stack_text, take_stacks_of
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, store_listener, tcp_store
@@ -62,6 +63,8 @@ class _Hosted:
     ready_at: float | None = None
     ended: str = ""
     timed_out: bool = False
+    no_stack: str = ""
+    """Why no stack was taken when the sub-world timed out ("" when one was)."""
 
     reader: ObjectReader = field(default_factory=ObjectReader)
 
@@ -105,7 +108,7 @@ def _outcome(h: _Hosted, run_dir: Path) -> RankOutcome:
     if h.killed_at is not None:
         return RankOutcome(status="killed", killed_at=h.killed_at, **common)
     if h.timed_out:
-        stacks = tail_of_file(run_dir / f"rank{h.rank}.stacks", _TAIL)
+        stacks = tail_of_file(run_dir / f"rank{h.rank}.stacks", _TAIL) or no_stack_text(h.no_stack)
         return RankOutcome(status="timeout", error=h.ended, output=f"{output}\n{stacks}".strip(), **common)
     if h.error:
         return RankOutcome(status="raised", error=h.error, output=output, **common)
@@ -268,7 +271,7 @@ def run_plain_world(
             host_fds=(listener.fileno(),),
         )
         store = tcp_store(*address, is_master=True, listen_fd=listener.detach())
-    _watch(hosted, forker, store, size, timeout, start, kill, peer_grace=peer_grace)
+    _watch(hosted, forker, store, size, timeout, start, kill, run_dir, peer_grace=peer_grace)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     return SubworldResult(
@@ -309,7 +312,7 @@ def _run_in_ranks_test(
     layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
     mine = [_subworld_place(layout, size, world.rank)] if world.rank < size else []
     hosted, run_dir = _start(zygote, fn, args, kwargs, mine, (host, port), kill, timeout, world.device.type)
-    _watch(hosted, zygote, store, size, timeout, start, kill)
+    _watch(hosted, zygote, store, size, timeout, start, kill, run_dir)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     gathered = world.gather_object((outcomes, _ready(hosted, start)))
@@ -383,6 +386,7 @@ def _watch(
     timeout: float,
     start: float,
     kill: KillPlan | None,
+    run_dir: Path,
     *,
     peer_grace: float = 0.0,
 ) -> None:
@@ -421,7 +425,7 @@ def _watch(
                     spared = ()
                 _end_live(hosted, store, size, spared=spared)
         if now > deadline:
-            _time_out(hosted, timeout)
+            _time_out(hosted, timeout, run_dir)
             deadline = float("inf")
     for h in hosted:
         h.channel.close()
@@ -446,15 +450,15 @@ def _ended(h: _Hosted, status: int, store: Any) -> None:
     store.add("sprite/ended", 1)
 
 
-def _time_out(hosted: list[_Hosted], timeout: float) -> None:
-    """The sub-world's time is up: take the stacks of the ranks still running, then kill them."""
-    for h in hosted:
-        if h.status is None:
-            h.timed_out = True
-            h.ended = f"did not finish within the sub-world's timeout of {timeout:g} s"
-            _kill(h.pid, STACK_SIGNAL)
-    sleep(1.0)
-    for h in hosted:
+def _time_out(hosted: list[_Hosted], timeout: float, run_dir: Path) -> None:
+    """The sub-world's time is up: take the stacks of the ranks still running, as a ranks test's are, then kill them."""
+    live = [h for h in hosted if h.status is None]
+    for h in live:
+        h.timed_out = True
+        h.ended = f"did not finish within the sub-world's timeout of {timeout:g} s"
+    why = take_stacks_of([(h.pid, run_dir / f"rank{h.rank}.stacks") for h in live])
+    for h in live:
+        h.no_stack = why.get(h.pid, "")
         if h.status is None:
             _kill(h.pid, signal.SIGKILL)
 

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from pytest_sprite.plumbing.protocol import STACK_SIGNAL, encode_object
+from pytest_sprite.plumbing.stacks import keep_stack_dumps
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, join_world, tcp_store
@@ -121,6 +122,7 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         _send(channel, ("ready",))  # start-up ends here: the process runs and has the function loaded
         rank, run_dir = spec.seat.rank, Path(spec.run_dir)
         redirect_output(run_dir / f"rank{rank}.log")
+        keep_stack_dumps()  # as a ranks test's children: a library's handler reset must not lose the stack
         install_stack_dumps(run_dir / f"rank{rank}.log", run_dir / f"rank{rank}.stacks", STACK_SIGNAL)
         _CONTEXT = _Context(rank=rank, plan=spec.plan, channel=channel)
         world, store = _join(spec.seat) if spec.join else (spec.seat, None)

@@ -16,7 +16,7 @@ from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
 from pytest_sprite.launch.merge import merge_rank_reports
 from pytest_sprite.launch.rank_end import RankEnd
-from pytest_sprite.plumbing.collectives import no_stack_text
+from pytest_sprite.plumbing.stacks import no_stack_text
 
 TIMEOUT = 300
 
@@ -198,7 +198,7 @@ def test_a_child_keeps_its_stack_dump_when_a_library_resets_the_signal(tmp_path:
     script = textwrap.dedent(
         f"""
         import faulthandler, os, signal, time
-        from pytest_sprite.rank.stacks import keep_stack_dumps
+        from pytest_sprite.plumbing.stacks import keep_stack_dumps
         keep_stack_dumps()
         dump = open({str(tmp_path / "stacks.txt")!r}, "w")
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True, chain=False)

@@ -185,6 +185,24 @@ def test_a_hung_sub_world_times_out_with_its_stacks() -> None:
     assert result.wall_s < 30
 
 
+def hang_after_a_handler_reset(world: Any) -> None:
+    """What Lightning's signal connector does at the end of every fit: put back the handler that
+    ``signal.getsignal`` reported, SIG_DFL for the signal faulthandler holds at the C level."""
+    import signal
+
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    time.sleep(60)
+
+
+def test_a_sub_world_rank_that_reset_its_signal_handlers_still_gives_its_stacks() -> None:
+    """A sub-world from a plain test keeps its ranks' stack dumps as a ranks test's children do: the reset
+    is undone, so the timeout takes the stack instead of killing the rank with the dump signal."""
+    result = run_subworld(hang_after_a_handler_reset, ranks=2, timeout=4)
+    for outcome in result.outcomes:
+        assert outcome.status == "timeout", outcome.describe()
+        assert "in hang_after_a_handler_reset" in outcome.output
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(SpriteUsageError, match=r"must be picklable.*use a module-level function"):
         run_subworld(lambda world: None)
