@@ -426,8 +426,8 @@ _OBJECT_HEADER = struct.Struct(">Q")
 _ZYGOTE_NEWS = struct.Struct(">cQQ")
 
 
-def encode_object(message: tuple[Any, ...]) -> bytes:
-    """One sub-world frame holding ``message`` (pickled)."""
+def encode_object(message: object) -> bytes:
+    """One sub-world frame holding ``message`` (pickled; a record of ``subworld.messages``)."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _OBJECT_HEADER.pack(len(body)) + body
 
@@ -438,8 +438,8 @@ class ObjectReader:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple[Any, ...]]:
-        """Add bytes; return the messages now complete, in order."""
+    def feed(self, data: bytes) -> list[Any]:
+        """Add bytes; return the messages now complete, in order (the reader checks their type)."""
         self._buf += data
         messages = []
         size = _OBJECT_HEADER.size

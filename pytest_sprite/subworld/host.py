@@ -30,6 +30,7 @@ from pytest_sprite.plumbing.stacks import no_stack_text, take_stacks_of
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, store_listener, tcp_store
+from .messages import Emitted, Killed, Raised, RankMessage, Ready, Returned
 from .plan import KillPlan, KillPoint
 from .rank import RankSpec, in_subworld
 from .result import RankOutcome, SubworldResult
@@ -81,17 +82,23 @@ def _read_channel(h: _Hosted) -> None:
             h.eof = True
             return
         for message in h.reader.feed(data):
-            kind = message[0]
-            if kind == "ready":
-                h.ready_at = monotonic()
-            elif kind == "event":
-                h.events.append((message[1], message[2]))
-            elif kind == "return":
-                h.returned, h.value = True, message[1]
-            elif kind == "raise":
-                h.error = message[1]
-            elif kind == "killed":
-                h.killed_at = message[1]
+            _take(h, message)
+
+
+def _take(h: _Hosted, message: RankMessage) -> None:
+    """One message of rank ``h`` into what the host knows of it."""
+    if isinstance(message, Ready):
+        h.ready_at = monotonic()
+    elif isinstance(message, Emitted):
+        h.events.append((message.name, message.value))
+    elif isinstance(message, Returned):
+        h.returned, h.value = True, message.value
+    elif isinstance(message, Raised):
+        h.error = message.error
+    elif isinstance(message, Killed):
+        h.killed_at = message.at
+    else:
+        raise TypeError(f"a sub-world rank sent {message!r}, which is no RankMessage")
 
 
 def _outcome(h: _Hosted, run_dir: Path) -> RankOutcome:

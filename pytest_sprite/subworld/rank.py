@@ -20,6 +20,7 @@ from pytest_sprite.plumbing.stacks import keep_stack_dumps
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, join_world, tcp_store
+from .messages import Emitted, Killed, Raised, RankMessage, Ready, Returned
 from .plan import KillPlan, KillPoint
 
 __all__ = ["RankSpec", "emit", "in_subworld", "kill_point", "rank_main"]
@@ -56,7 +57,7 @@ def in_subworld() -> bool:
     return _CONTEXT is not None
 
 
-def _send(sock: socket.socket, message: tuple[Any, ...]) -> None:
+def _send(sock: socket.socket, message: RankMessage) -> None:
     sock.sendall(encode_object(message))
 
 
@@ -69,7 +70,7 @@ def emit(name: str, value: Any) -> None:
     ctx = _CONTEXT
     if ctx is None:
         return
-    _send(ctx.channel, ("event", name, value))
+    _send(ctx.channel, Emitted(name, value))
 
 
 def kill_point(
@@ -99,7 +100,7 @@ def kill_point(
                 before_kill()
             except Exception as exc:  # what dying here does must not keep the rank alive
                 sys.stderr.write(f"kill_point: before_kill failed ({type(exc).__name__}: {exc})\n")
-        _send(ctx.channel, ("killed", point, signum))
+        _send(ctx.channel, Killed(point, int(signum)))
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signum)
@@ -119,7 +120,7 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request
-        _send(channel, ("ready",))  # start-up ends here: the process runs and has the function loaded
+        _send(channel, Ready())  # start-up ends here: the process runs and has the function loaded
         rank, run_dir = spec.seat.rank, Path(spec.run_dir)
         redirect_output(run_dir / f"rank{rank}.log")
         keep_stack_dumps()  # as a ranks test's children: a library's handler reset must not lose the stack
@@ -129,15 +130,15 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         try:
             value = fn(world, *args, **kwargs)
         except BaseException:
-            _send(channel, ("raise", traceback.format_exc()))
+            _send(channel, Raised(traceback.format_exc()))
             code = 1
         else:
-            _send(channel, ("return", value))
+            _send(channel, Returned(value))
         if store is not None:
             _leave(store, spec.seat.world_size)
     except BaseException:
         try:
-            _send(channel, ("raise", traceback.format_exc()))
+            _send(channel, Raised(traceback.format_exc()))
         except OSError:
             pass
         code = 1

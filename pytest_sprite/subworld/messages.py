@@ -1,0 +1,52 @@
+"""What a sub-world rank tells the process that started it: one typed record per message.
+
+A rank sends them, pickled, over its channel as they happen (so a kill loses nothing sent before it);
+the host reads them into the rank's outcome. Records, not tuples, so both ends name the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .plan import KillPoint
+
+__all__ = ["Emitted", "Killed", "Raised", "RankMessage", "Ready", "Returned"]
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The rank's process runs and has its function loaded: its start-up ends here."""
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """``emit(name, value)`` in the rank's function."""
+
+    name: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Returned:
+    """The function returned ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Raised:
+    """The function (or joining the sub-world) raised; ``error`` is the formatted traceback."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Killed:
+    """The kill plan killed the rank at ``at``, by ``signum``, sent just before the signal."""
+
+    at: KillPoint
+    signum: int
+
+
+RankMessage = Ready | Emitted | Returned | Raised | Killed
