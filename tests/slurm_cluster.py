@@ -124,8 +124,8 @@ class SlurmCluster:
                 "AccountingStorageType=accounting_storage/none",
                 "ReturnToService=2",
                 "SlurmdParameters=config_overrides",
-                # a killed job's tasks get SIGTERM, then SIGKILL this many seconds later
-                "KillWait=5",
+                # a killed job's tasks get SIGTERM, then SIGKILL this many seconds later (Slurm's default)
+                "KillWait=30",
                 # a lost slurmd marks its node down (and its jobs failed) after this many seconds
                 "SlurmdTimeout=10",
                 "MessageTimeout=10",
