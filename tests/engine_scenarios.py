@@ -25,8 +25,9 @@ def test_passes(world):
     dist.all_reduce(t)
     assert t.item() == 10.0
     assert (world.local_rank, world.local_size, world.node) == (world.rank, 4, 0)
-    # under Slurm the test runs in the job the session was started in
-    assert os.environ.get("SLURM_JOB_ID") == os.environ.get("SPRITE_EXPECTED_JOB")
+    # under Slurm the test runs in the job the session was started in (where the session knows it)
+    if "SPRITE_EXPECTED_JOB" in os.environ:
+        assert os.environ["SLURM_JOB_ID"] == os.environ["SPRITE_EXPECTED_JOB"]
     # the launch's own variables stay out of the test child
     assert not {"SLURM_PROCID", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"} & set(os.environ)
 
