@@ -44,20 +44,37 @@ def in_slurm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: 
     pytester.makepyfile(test_scenarios=SCENARIOS)
 
 
+def inside_salloc(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """``salloc -n4 python -m pytest <SESSION> <args>``, as a user types it."""
+    script = pytester.path / "session.sh"
+    # the job id is known only inside the allocation: the shell hands it to the ranks' check
+    script.write_text(f'SPRITE_EXPECTED_JOB=$SLURM_JOB_ID exec {sys.executable} "$@"\n')
+    return pytester.run("salloc", "-n4", "--time=5", "bash", str(script), *SESSION, *args, timeout=TIMEOUT)
+
+
+def test_passing_test_inside_salloc(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
+) -> None:
+    in_slurm(pytester, monkeypatch, slurm)
+    result = inside_salloc(pytester, "-k", "test_passes")
+    assert verdicts(result.stdout.str()) == {"test_passes": "PASSED"}, (
+        result.stdout.str() + result.stderr.str()
+    )
+    assert slurm.jobs() == []
+
+
+@pytest.mark.slow  # 25 s; CI runs the passing test here and every scenario in test_slurm_scripts.py's job
 def test_scenarios_inside_salloc(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
     in_slurm(pytester, monkeypatch, slurm)
-    script = pytester.path / "session.sh"
-    # the job id is known only inside the allocation: the shell hands it to the ranks' check
-    script.write_text(f'SPRITE_EXPECTED_JOB=$SLURM_JOB_ID exec {sys.executable} "$@"\n')
-    result = pytester.run("salloc", "-n4", "--time=5", "bash", str(script), *SESSION, timeout=TIMEOUT)
+    result = inside_salloc(pytester)
     assert verdicts(result.stdout.str()) == EXPECTED, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines_random(EXPECTED_LINES)
     assert slurm.jobs() == []
 
 
-@pytest.mark.slow  # 30 s; test_sbatch_script.py runs a job of the shipped sbatch script in CI
+@pytest.mark.slow  # 25 s; CI runs every scenario in a job of the shipped sbatch script (test_slurm_scripts.py)
 def test_scenarios_inside_sbatch(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
