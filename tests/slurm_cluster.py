@@ -237,6 +237,17 @@ class SlurmCluster:
         """Poll ``ready()`` until true, failing with ``what`` and the daemons' logs after ``timeout``."""
         self._wait(ready, what, timeout)
 
+    def kill_slurmd(self) -> None:
+        """SIGKILL the node's slurmd, as when a node is lost; its job steps' slurmstepd keep running."""
+        proc = self.processes.pop("slurmd")
+        proc.kill()
+        proc.wait()
+
+    def restart_slurmd(self) -> None:
+        """Start the node's slurmd again and wait for the node to show idle (``ReturnToService=2``)."""
+        self._spawn("slurmd", ["-D", "-f", str(self.conf), "-N", self.node])
+        self._wait(lambda: self.node_state() == "idle", f"node {self.node} idle again in sinfo")
+
     def logs(self) -> str:
         parts = []
         for path in sorted(self.home.glob("*.log")) + sorted(self.home.glob("*.out")):

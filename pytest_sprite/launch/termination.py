@@ -20,8 +20,8 @@ import pytest
 __all__ = ["Terminated", "TerminationPlugin"]
 
 MESSAGE = (
-    "pytest-sprite: the session got SIGTERM (a batch system ending the job: Slurm's scancel or time limit, "
-    "PBS's qdel or walltime) and stopped; the reports hold the tests that finished"
+    "pytest-sprite: the session got SIGTERM (a batch system ending the job: Slurm's scancel, time limit or "
+    "node failure, PBS's qdel or walltime) and stopped; the reports hold the tests that finished"
 )
 
 

@@ -1,8 +1,9 @@
 """Cluster events under a real Slurm (``tests/slurm_cluster.py``): each a prompt outcome that names its cause.
 
-The job cancelled (``scancel``) or out of time mid-test: Slurm sends SIGTERM, the controller stops as on Ctrl-C
-(``pytest_sprite/launch/termination.py``), the JUnit file and the ``--sprite-report`` hold the test that had
-finished, and no process of the job is left. ``srun`` refused (too few tasks in the allocation, no allocation):
+The job cancelled (``scancel``), out of time, or its node lost (slurmd killed) mid-test: Slurm sends SIGTERM
+(for a lost node, once its slurmd is back), the controller stops as on Ctrl-C
+(``pytest_sprite/launch/termination.py``), Slurm's own line names the cause, the JUnit file and the
+``--sprite-report`` hold the test that had finished, and no process of the job is left. ``srun`` refused (too few tasks in the allocation, no allocation):
 the first ranks test fails with srun's own words.
 """
 
@@ -135,6 +136,32 @@ def test_time_limit_mid_test(
     assert ended["JobState"] == "TIMEOUT", ended
     output = check_stopped_with_reports(pytester, slurm, job, tag)
     assert "DUE TO TIME LIMIT" in output, output
+
+
+@pytest.mark.slow  # 90 s: the node is marked down 10-30 s after its slurmd is lost (SlurmdTimeout=10)
+def test_node_lost_mid_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
+) -> None:
+    in_slurm(pytester, monkeypatch, slurm)
+    tag = uuid.uuid4().hex
+    # a batch job is requeued on a node's failure by default; a test session must not run twice
+    job = submit_session(pytester, slurm, tag, "--time=5", "--no-requeue")
+    started = pytester.path / "started"
+
+    def started_or_ended() -> bool:
+        return started.exists() or slurm.job_fields(job).get("JobState") not in ("PENDING", "RUNNING")
+
+    slurm.wait_until(started_or_ended, "test_waits started", timeout=TIMEOUT)
+    assert started.exists(), (pytester.path / "job.out").read_text()
+    slurm.kill_slurmd()
+    try:
+        ended = slurm.wait_job(job, timeout=TIMEOUT)
+        assert ended["JobState"] == "NODE_FAIL", ended
+    finally:
+        slurm.restart_slurmd()
+    # the restarted slurmd ends the failed job's batch step with SIGTERM: the session stops with its reports
+    output = check_stopped_with_reports(pytester, slurm, job, tag)
+    assert "DUE TO NODE FAILURE" in output, output
 
 
 ONE_TEST = """
