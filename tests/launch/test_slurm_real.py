@@ -27,7 +27,6 @@ SESSION = (
     "no:hypothesispytest",
     "-v",
     "--launcher=srun",
-    "--ranks=4",
     "--rank-grace=2",
     "--connect-timeout=60",
     "--pack=off",
@@ -44,19 +43,30 @@ def in_slurm(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: 
     pytester.makepyfile(test_scenarios=SCENARIOS)
 
 
-def inside_salloc(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    """``salloc -n4 python -m pytest <SESSION> <args>``, as a user types it."""
+def inside_salloc(pytester: pytest.Pytester, ranks: int, *args: str) -> pytest.RunResult:
+    """``salloc -n<ranks> python -m pytest --ranks=<ranks> <SESSION> <args>``, as a user types it."""
     script = pytester.path / "session.sh"
     # the job id is known only inside the allocation: the shell hands it to the ranks' check
     script.write_text(f'SPRITE_EXPECTED_JOB=$SLURM_JOB_ID exec {sys.executable} "$@"\n')
-    return pytester.run("salloc", "-n4", "--time=5", "bash", str(script), *SESSION, *args, timeout=TIMEOUT)
+    return pytester.run(
+        "salloc",
+        f"-n{ranks}",
+        "--time=5",
+        "bash",
+        str(script),
+        *SESSION,
+        f"--ranks={ranks}",
+        *args,
+        timeout=TIMEOUT,
+    )
 
 
 def test_passing_test_inside_salloc(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
     in_slurm(pytester, monkeypatch, slurm)
-    result = inside_salloc(pytester, "-k", "test_passes")
+    # 2 ranks: half the agents' start of the 4-rank world on CI's 2 cores
+    result = inside_salloc(pytester, 2, "-k", "test_passes")
     assert verdicts(result.stdout.str()) == {"test_passes": "PASSED"}, (
         result.stdout.str() + result.stderr.str()
     )
@@ -68,7 +78,7 @@ def test_scenarios_inside_salloc(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
     in_slurm(pytester, monkeypatch, slurm)
-    result = inside_salloc(pytester)
+    result = inside_salloc(pytester, 4)
     assert verdicts(result.stdout.str()) == EXPECTED, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines_random(EXPECTED_LINES)
     assert slurm.jobs() == []
@@ -82,7 +92,7 @@ def test_scenarios_inside_sbatch(
     script = pytester.path / "job.sh"
     script.write_text(
         "#!/bin/bash\n#SBATCH --ntasks=4\n#SBATCH --time=5\n"
-        f"SPRITE_EXPECTED_JOB=$SLURM_JOB_ID exec {sys.executable} {' '.join(SESSION)}\n"
+        f"SPRITE_EXPECTED_JOB=$SLURM_JOB_ID exec {sys.executable} {' '.join(SESSION)} --ranks=4\n"
     )
     job = slurm.submit(["--output=job.out", str(script)], cwd=pytester.path)
     ended = slurm.wait_job(job, timeout=TIMEOUT)
