@@ -64,6 +64,9 @@ def under_open_mpi(
         # Open MPI's own option (MPICH's hydra refuses it): the launch that passes is Open MPI's
         "--launcher-args=--oversubscribe",
         f"--ranks={ranks}",
+        # ranks per node are spelled per flavour: Open MPI's --map-by ppr:P:node, MPICH's -ppn P (Open MPI
+        # refuses it), none for an unknown mpiexec (a LaunchError): only a launch told Open MPI passes
+        f"--ppn={ranks}",
         "--rank-grace=2",
         "--connect-timeout=60",
         "--pack=off",
