@@ -73,7 +73,7 @@ def test_passing_test_inside_salloc(
     assert slurm.jobs() == []
 
 
-@pytest.mark.slow  # 25 s; CI runs the passing test here and every scenario in test_slurm_scripts.py's job
+@pytest.mark.slow  # 25 s; CI runs the passing test inside salloc, and inside the shipped script's job
 def test_scenarios_inside_salloc(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
@@ -84,7 +84,7 @@ def test_scenarios_inside_salloc(
     assert slurm.jobs() == []
 
 
-@pytest.mark.slow  # 25 s; CI runs every scenario in a job of the shipped sbatch script (test_slurm_scripts.py)
+@pytest.mark.slow  # 25 s; CI runs the passing test in a job of the shipped sbatch script (test_slurm_scripts.py)
 def test_scenarios_inside_sbatch(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, slurm: SlurmCluster
 ) -> None:
