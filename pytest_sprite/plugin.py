@@ -64,8 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(AgentSessionPlugin(config, agent_address), "sprite-agent")
     else:
         from .launch.controller import Controller
+        from .launch.termination import TerminationPlugin
 
         config.pluginmanager.register(Controller(config, settings), "sprite-controller")
+        config.pluginmanager.register(TerminationPlugin(), "sprite-termination")
         if not hasattr(config, "workerinput"):  # a pytest-xdist worker: its controller reports
             _register_reporter(config, settings)
 
