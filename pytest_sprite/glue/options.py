@@ -16,6 +16,7 @@ from typing import Any, Final
 import pytest
 
 from ..env.device import DEVICE_CHOICES
+from ..env.rendezvous import unresolved
 from ..errors import SpriteUsageError
 from .markers import parse_positive_int, parse_timeout
 
@@ -349,8 +350,8 @@ class Settings:
             timeout_source=timeout[1] if timeout else "the default",
             grace=parse_timeout(*grace) if grace else DEFAULT_GRACE,
             ppn=parse_positive_int(*ppn) if ppn else None,
-            launcher_args=tuple(shlex.split(str(largs[0]))) if largs else (),
-            controller_host=str(host[0]) if host else None,
+            launcher_args=_launcher_words(largs),
+            controller_host=_controller_host(host),
             connect_timeout=parse_timeout(*connect) if connect else DEFAULT_CONNECT_TIMEOUT,
             device=device_name,
             artifacts=text("sprite_artifacts"),
@@ -365,6 +366,34 @@ class Settings:
             torch_tests=torch_tests_name,
             reuse=reuse_name,
         )
+
+
+def _launcher_words(raw: tuple[Any, str] | None) -> tuple[str, ...]:
+    """``--launcher-args`` split as a shell would; an unbalanced quote names the option and the fix."""
+    if raw is None:
+        return ()
+    try:
+        return tuple(shlex.split(str(raw[0])))
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r}: cannot be split into words ({str(exc).lower()}); it is split as a shell "
+            "splits a command line: close the quote or escape it with a backslash"
+        ) from None
+
+
+def _controller_host(raw: tuple[Any, str] | None) -> str | None:
+    """``--controller-host`` when this host can resolve it: a name that resolves nowhere fails here in one
+    line, not in every agent after the resolver's retries."""
+    if raw is None:
+        return None
+    host = str(raw[0]).strip()
+    why = unresolved(host) if host else "it is empty"
+    if why is not None:
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r}: this host cannot resolve it ({why}); pass an address or a name the agents "
+            "reach this host by, or leave it unset (launched agents: this host's name; local ones: 127.0.0.1)"
+        )
+    return host
 
 
 def _device_name(device: tuple[Any, str] | None) -> str:

@@ -321,9 +321,11 @@ class Controller:
 
     def _launch_failed(self, run: _Run, exc: Exception) -> None:
         """The agents could not be started: this test fails and the session stops."""
-        run.item.session.shouldstop = f"pytest-sprite could not start the rank agents: {exc}"
+        run.item.session.shouldstop = _launch_failure_line(exc)
+        # The launch's command and output once, under rank 0: every rank failed for the same reason.
         for rank in range(run.n):
-            run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=str(exc))
+            detail = str(exc) if rank == 0 else "the launch failed before it started (rank 0 shows why)"
+            run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=detail)
         self.queued.clear()  # the session stops: nothing queued will start
         if self.scheduler is not None:
             self.scheduler.stop()
@@ -468,7 +470,7 @@ class Controller:
             self._launch_failed(self.queued[scheduler.pending[0]], LaunchError(detail))
             return
         session = next(iter(self.items.values())).session
-        session.shouldstop = session.shouldstop or f"pytest-sprite could not start the rank agents: {detail}"
+        session.shouldstop = session.shouldstop or _launch_failure_line(LaunchError(detail))
         if scheduler is not None:
             scheduler.stop()
 
@@ -619,3 +621,10 @@ class Controller:
             self.pool = None
             self.use.close(monotonic())
         self.scheduler = None
+
+
+def _launch_failure_line(exc: Exception) -> str:
+    """Why the session stops after a failed launch, in one line: the command and its output are shown once,
+    with the failed test (its rank 0)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"pytest-sprite could not start the rank agents: {first.removesuffix(' Its output:')}"

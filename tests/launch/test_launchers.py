@@ -168,6 +168,7 @@ def test_harness_scenarios_under_launcher(
     if launcher == "pals":
         monkeypatch.setenv("PATH", f"{FAKES / 'pals'}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("FAKE_PALS_ARGV_LOG", str(argv_log))
+        monkeypatch.setenv("PBS_JOBID", f"{os.getpid()}.fake-pbs")  # PALS runs only inside a PBS job
     if launcher == "srun":
         monkeypatch.setenv("PATH", f"{FAKES / 'slurm'}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("FAKE_SRUN_ARGV_LOG", str(argv_log))
