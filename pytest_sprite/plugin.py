@@ -59,6 +59,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(AgentSessionPlugin(config, agent_address), "sprite-agent")
     else:
+        try:
+            _check_output_paths(config, settings)
+        except SpriteUsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
         from .launch.controller import Controller
 
         config.pluginmanager.register(Controller(config, settings), "sprite-controller")
@@ -83,6 +87,19 @@ def _runs_as_pytest() -> bool:
     if spec is not None and spec.name in ("pytest", "pytest.__main__"):
         return True
     return os.path.basename(sys.argv[0]) in ("pytest", "py.test", "pytest.exe")
+
+
+def _check_output_paths(config: pytest.Config, settings: Settings) -> None:
+    """Every path the session writes, checked before any test runs (one line naming the option)."""
+    from .glue.options import option_source
+    from .glue.output_paths import check_output_dir, check_output_file
+
+    if settings.report:
+        check_output_file(settings.report, option_source(config, "sprite_report"))
+    if settings.plots:
+        check_output_dir(settings.plots, option_source(config, "sprite_plots"))
+    if settings.artifacts:
+        check_output_dir(settings.artifacts, option_source(config, "sprite_artifacts"))
 
 
 def _register_reporter(config: pytest.Config, settings: Settings) -> None:

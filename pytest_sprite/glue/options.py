@@ -20,7 +20,15 @@ from ..env.rendezvous import unresolved
 from ..errors import SpriteUsageError
 from .markers import parse_positive_int, parse_timeout
 
-__all__ = ["LAUNCHER_NAMES", "OPTIONS", "QWEN_PATH_ENV", "Settings", "register_options", "settings_key"]
+__all__ = [
+    "LAUNCHER_NAMES",
+    "OPTIONS",
+    "QWEN_PATH_ENV",
+    "Settings",
+    "option_source",
+    "register_options",
+    "settings_key",
+]
 
 LAUNCHER_NAMES: Final = ("local", "mpiexec", "pals", "srun", "torchrun")
 """The ``--launcher`` values; ``launch.launchers`` maps each to its module."""
@@ -272,6 +280,14 @@ def _raw(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
     if ini not in (None, "", []):
         return ini, f"ini option {opt.ini}"
     return None
+
+
+def option_source(config: pytest.Config, dest: str) -> str:
+    """Where an option's value came from, in the words its errors use (``--sprite-report``,
+    ``environment variable SPRITE_REPORT``, ``ini option sprite_report``); its flag when unset."""
+    opt = next(opt for opt in OPTIONS if opt.dest == dest)
+    raw = _raw(config, opt)
+    return raw[1] if raw else opt.flag
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,6 +99,8 @@ class Controller:
         """Agent rank -> run id of the test it runs."""
         self.use = Utilisation()
         self.interrupt: str | None = None
+        self.exit_code: int | None = None
+        """With :attr:`interrupt`: the code of a rank's ``pytest.exit``, None for a KeyboardInterrupt."""
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
 
@@ -197,7 +199,7 @@ class Controller:
             self.shutdown()
             raise
         if self.interrupt:
-            pytest.exit(self.interrupt, returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(self.interrupt, returncode=self._exit_code())
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
         if session.shouldstop:
@@ -216,7 +218,11 @@ class Controller:
         self.log(run)
         teardown_controller_state(item, nextitem)
         if run.interrupted:
-            pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(run.interrupted, returncode=self._exit_code())
+
+    def _exit_code(self) -> int:
+        """The status an interrupted session ends with: a rank's ``pytest.exit`` code, else pytest's 2."""
+        return int(pytest.ExitCode.INTERRUPTED) if self.exit_code is None else self.exit_code
 
     def _stopping(self, session: pytest.Session) -> bool:
         """True once nothing new may start; drops the queue the first time."""
@@ -429,8 +435,8 @@ class Controller:
         if around is not None:  # torch's parent side: tearDown, and its exit-code rule (issue 26)
             around.after(run.reports, run.ends)
         run.done = True
-        if run.interrupted:
-            self.interrupt = self.interrupt or run.interrupted
+        if run.interrupted and self.interrupt is None:
+            self.interrupt, self.exit_code = run.interrupted, run.exit_code
         if self.pack:
             run.item.stash[finished_run_key] = run
             try:
@@ -505,7 +511,9 @@ class Controller:
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
-        run.interrupted = payload["message"]
+        if run.interrupted is None:  # the first rank's words and code are the session's
+            run.interrupted = payload["message"]
+            run.exit_code = payload.get("returncode")
         run.note_failure(rank)
 
     def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:

@@ -15,7 +15,7 @@ import signal
 import socket
 import struct
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 __all__ = [
     "AGENT_EVENTS",
@@ -195,11 +195,13 @@ class Progress(TypedDict):
 
 
 class Interrupted(TypedDict):
-    """``interrupted``: KeyboardInterrupt in the test; the session ends after it."""
+    """``interrupted``: KeyboardInterrupt or ``pytest.exit`` in the test; the session ends after it."""
 
     run_id: int
     rank: int
     message: str
+    returncode: NotRequired[int | None]
+    """``pytest.exit(..., returncode=N)``'s N: the session's exit status; absent: interrupted (2)."""
 
 
 class ChildExited(TypedDict):

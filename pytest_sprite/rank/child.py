@@ -368,6 +368,13 @@ def run_child(
     except KeyboardInterrupt:
         channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}")
         code = 2
+    except pytest.exit.Exception as exc:  # pytest.exit(msg, returncode=N): the session ends as pytest's would
+        channel.send(
+            "interrupted",
+            message=f"{exc.msg} (pytest.exit on rank {spec['rank']})",
+            returncode=exc.returncode,
+        )
+        code = 2
     except BaseException:
         traceback.print_exc()
         code = 70

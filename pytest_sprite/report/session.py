@@ -14,6 +14,7 @@ import pytest
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.options import Settings
+from pytest_sprite.glue.output_paths import not_written
 from pytest_sprite.report.store import ResultStore
 
 __all__ = ["SpriteReporter"]
@@ -30,6 +31,9 @@ class SpriteReporter:
         self.started = time.perf_counter()
         self.collected = 0
         self.written: list[tuple[str, Path]] = []
+        self.not_written: list[str] = []
+        """A line per file that could not be written at the session's end: said, never raised, so the
+        summary and the exit status the tests earned survive a full disk."""
         if settings.report:
             from pytest_sprite.report.json_report import check_target
 
@@ -91,14 +95,21 @@ class SpriteReporter:
                 )
             except SpriteUsageError as exc:
                 self.written.append((f"not written: {exc}", Path(self.settings.report)))
+            except OSError as exc:  # checked at configure; the disk filled or the folder went meanwhile
+                self.not_written.append(not_written("the JSON report", self.settings.report, exc))
             else:
                 self.written.append(("JSON report", path))
         if self.settings.plots:
             from pytest_sprite.report.plots import write_plots
 
-            plots = write_plots(entries, self.settings.plots)
-            if plots:
-                self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
+            try:
+                plots = write_plots(entries, self.settings.plots)
+            except OSError as exc:
+                where = exc.filename or self.settings.plots
+                self.not_written.append(not_written("a plot (and those after it)", where, exc))
+            else:
+                if plots:
+                    self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
 
     def summarize(self, terminalreporter: Any) -> None:
         # Only assertions make tables: a session without one loads none of their code (issue 23).
@@ -109,3 +120,5 @@ class SpriteReporter:
             write_summary(terminalreporter, self.store.tests.values(), short=short)
         for what, path in self.written:
             terminalreporter.write_line(f"sprite: {what}: {path}")
+        for line in self.not_written:
+            terminalreporter.write_line(f"sprite: {line}", yellow=True, bold=True)
