@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .errors import SpriteUsageError
+from .errors import SpriteError, SpriteUsageError
 from .glue.markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
 from .glue.options import Settings, register_options, settings_key
 from .glue.results import ResultsPlugin
@@ -61,7 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
     else:
         try:
             _check_output_paths(config, settings)
-        except SpriteUsageError as exc:
+            _check_local_world(config, settings)
+        except SpriteError as exc:
             raise pytest.UsageError(str(exc)) from None
         from .launch.controller import Controller
 
@@ -100,6 +101,16 @@ def _check_output_paths(config: pytest.Config, settings: Settings) -> None:
         check_output_dir(settings.plots, option_source(config, "sprite_plots"))
     if settings.artifacts:
         check_output_dir(settings.artifacts, option_source(config, "sprite_artifacts"))
+
+
+def _check_local_world(config: pytest.Config, settings: Settings) -> None:
+    """``--ranks`` beyond what this machine holds, refused before collection (the launch checks again)."""
+    if settings.launcher == "local" and settings.world_size is not None and not config.option.collectonly:
+        from .glue.options import option_source
+        from .launch.launchers.local import check_local_world
+
+        where = f"{option_source(config, 'sprite_ranks')}={settings.world_size}"
+        check_local_world(config, settings.world_size, where=where)
 
 
 def _register_reporter(config: pytest.Config, settings: Settings) -> None:

@@ -200,6 +200,15 @@ OPTIONS: Final = (
         "auto|off",
     ),
     _Option(
+        "--world-check",
+        "sprite_world_check",
+        "world_check",
+        "SPRITE_WORLD_CHECK",
+        "on (default): refuse a local world larger than this machine holds (processes, file descriptors, "
+        "memory, as measured before the first fork); off: start it anyway.",
+        "on|off",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -322,6 +331,8 @@ class Settings:
     """``--launch-early``: auto, on or off; see ``Controller.launch_early``."""
     torch_tests: str = "native"
     """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests, issue 26)."""
+    world_check: bool = True
+    """``--world-check``: a local world beyond the machine's measured limits is refused before any fork."""
     reuse: str = "auto"
     """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
 
@@ -354,6 +365,7 @@ class Settings:
         early_name = _lower_choice(early, "auto", LAUNCH_EARLY_CHOICES)
         torch_tests_name = _lower_choice(get("sprite_torch_tests"), "native", TORCH_TESTS_CHOICES)
         reuse_name = _lower_choice(get("sprite_reuse"), "auto", REUSE_CHOICES)
+        world_check = get("sprite_world_check")
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -381,6 +393,7 @@ class Settings:
             launch_early=early_name,
             torch_tests=torch_tests_name,
             reuse=reuse_name,
+            world_check=parse_on_off(*world_check) if world_check else True,
         )
 
 
