@@ -40,6 +40,21 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> Any:
+    """In a launched agent, a conftest that fails to import is reported to the controller at once (its
+    rank and traceback), instead of leaving it to wait out ``--connect-timeout``."""
+    try:
+        return (yield)
+    except Exception as exc:
+        from .rank.early_failure import agent_address, describe_failure, report_agent_failure
+
+        address = agent_address(list(args))
+        if address is not None:
+            report_agent_failure(address, describe_failure(exc))
+        raise
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)

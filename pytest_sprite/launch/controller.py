@@ -99,6 +99,8 @@ class Controller:
         """Agent rank -> run id of the test it runs."""
         self.use = Utilisation()
         self.interrupt: str | None = None
+        self.collect_errors: set[str] = set()
+        """Node ids this process failed to collect: a launched agent's own errors beyond these are shown."""
         self.exit_code: int | None = None
         """With :attr:`interrupt`: the code of a rank's ``pytest.exit``, None for a KeyboardInterrupt."""
         self._run_ids = 0
@@ -109,6 +111,10 @@ class Controller:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self) -> None:
         self.launch_early()
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.collect_errors.add(report.nodeid)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -450,6 +456,12 @@ class Controller:
         if event not in AGENT_EVENTS:
             raise ValueError(f"unexpected event from rank agent {agent}: {event!r}")
         if event == "agent_ready":  # it connected: tests may start on it
+            unseen = {
+                k: v for k, v in payload.get("collect_errors", {}).items() if k not in self.collect_errors
+            }
+            if unseen:  # the rank collects other code than this process: its error, once, and stop
+                self.on_launch_failed(pool, _collection_differs(agent, unseen))
+                return
             if self.scheduler is not None and not self.scheduler.stopped:
                 self.scheduler.join(pool.slot(agent))
             return
@@ -635,4 +647,13 @@ def _launch_failure_line(exc: Exception) -> str:
     """Why the session stops after a failed launch, in one line: the command and its output are shown once,
     with the failed test (its rank 0)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"pytest-sprite could not start the rank agents: {first.removesuffix(' Its output:')}"
+    return f"pytest-sprite could not start the rank agents: {first.removesuffix(' Its output:').rstrip(':')}"
+
+
+def _collection_differs(agent: int, errors: dict[str, str]) -> str:
+    """Why a launched agent cannot serve this session: the collection errors only it saw, with their text."""
+    shown = "\n".join(
+        f"error collecting {nodeid or '.'} on rank agent {agent}:\n{text.rstrip()}"
+        for nodeid, text in errors.items()
+    )
+    return f"rank agent {agent} could not collect what this process collected\n{shown}"
