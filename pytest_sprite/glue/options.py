@@ -379,7 +379,7 @@ class Settings:
             grace=parse_timeout(*grace) if grace else DEFAULT_GRACE,
             ppn=parse_positive_int(*ppn) if ppn else None,
             launcher_args=_launcher_words(largs),
-            controller_host=_controller_host(host),
+            controller_host=_controller_host(host, agent=bool(config.getoption("sprite_agent", None))),
             connect_timeout=parse_timeout(*connect) if connect else DEFAULT_CONNECT_TIMEOUT,
             device=device_name,
             artifacts=text("sprite_artifacts"),
@@ -410,11 +410,12 @@ def _launcher_words(raw: tuple[Any, str] | None) -> tuple[str, ...]:
         ) from None
 
 
-def _controller_host(raw: tuple[Any, str] | None) -> str | None:
+def _controller_host(raw: tuple[Any, str] | None, *, agent: bool) -> str | None:
     """``--controller-host`` when this host can resolve it: a name that resolves nowhere fails here in one
-    line, not in every agent after the resolver's retries."""
-    if raw is None:
-        return None
+    line, not in every agent after the resolver's retries. An agent (``agent``) connects to the address the
+    controller gives it and resolves nothing here."""
+    if raw is None or agent:
+        return None if raw is None else str(raw[0]).strip()
     host = str(raw[0]).strip()
     why = unresolved(host) if host else "it is empty"
     if why is not None:

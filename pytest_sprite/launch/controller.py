@@ -647,7 +647,9 @@ def _launch_failure_line(exc: Exception) -> str:
     """Why the session stops after a failed launch, in one line: the command and its output are shown once,
     with the failed test (its rank 0)."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"pytest-sprite could not start the rank agents: {first.removesuffix(' Its output:').rstrip(':')}"
+    for tail in (" Its output:", " Launcher output:"):
+        first = first.removesuffix(tail)
+    return f"pytest-sprite could not start the rank agents: {first.rstrip(':')}"
 
 
 def _collection_differs(agent: int, errors: dict[str, str]) -> str:
