@@ -166,7 +166,7 @@ class ChildSession:
             return
         self.channel.send(
             "warning",
-            category=type(warning_message.message).__name__,
+            category=_qualified(type(warning_message.message)),
             message=str(warning_message.message),
             filename=str(warning_message.filename),
             lineno=int(warning_message.lineno or 0),
@@ -299,6 +299,11 @@ def forget_child_session(config: pytest.Config) -> None:
     """In a process forked from the agent that runs no test (its sub-world zygote): drop the child hooks."""
     if config.pluginmanager.has_plugin(CHILD_SESSION):
         config.pluginmanager.unregister(name=CHILD_SESSION)
+
+
+def _qualified(cls: type) -> str:
+    """A warning class as ``module.QualName``, which the controller finds again (a builtin: its bare name)."""
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _die_with_parent(agent_pid: int) -> None:

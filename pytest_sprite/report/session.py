@@ -77,6 +77,8 @@ class SpriteReporter:
 
             controller = self.config.pluginmanager.get_plugin("sprite-controller")
             world = getattr(controller, "world_size", None) if controller is not None else None
+            if not any(entry.ranks for entry in entries):
+                world = None  # no ranks test ran: no world (the documented null), whatever markers were seen
             document = build_document(
                 entries=entries,
                 created=self.created,

@@ -64,6 +64,8 @@ class Misuse:
     """pytest's summary (``assert_outcomes``); None for a usage error, which runs nothing."""
     report: bool = False
     """Ask for ``--sprite-report`` and check the document is complete and valid."""
+    report_world: int | None | str = "unchecked"
+    """The report's ``environment.world_size``: null when no ranks test ran."""
     session: bool = False
     """Runs ranks tests: a session of its own in a subprocess (a usage error runs in this process)."""
     marks: tuple[Any, ...] = ()
@@ -192,13 +194,23 @@ CASES = [
                     @pytest.mark.ranks(2)
                     def test_function_wins(self, world):
                         assert world.size == 2
+                        return world.rank  # a value: pytest's own warning, whatever rank returned it
                 """
         },
+        lines=("*PytestReturnNotNoneWarning: [[]all 2 ranks[]] Test functions should return None*",),
         ret=0,
-        outcomes={"passed": 1},
+        outcomes={"passed": 1, "warnings": 1},
         report=True,
+        report_world=2,
         session=True,
-        marks=(pytest.mark.slow,),  # the marker rule of pytest itself; CI covers the refusal of two markers
+    ),
+    Misuse(
+        id="no-ranks-test-ran",
+        args=("-k", "plain"),
+        ret=0,
+        outcomes={"passed": 1, "deselected": 1},
+        report=True,
+        report_world=None,
     ),
     Misuse(
         id="marker-beyond-the-machine",
@@ -358,10 +370,12 @@ def test_misuse(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case
         return
     result.assert_outcomes(**case.outcomes)
     if case.report:
-        _check_report(report, case.outcomes, case.ret)
+        document = _check_report(report, case.outcomes, case.ret)
+        if case.report_world != "unchecked":
+            assert document["environment"]["world_size"] == case.report_world
 
 
-def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> None:
+def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> dict[str, Any]:
     """The report is valid against the schema and holds every test the summary counted."""
     import jsonschema
 
@@ -372,7 +386,10 @@ def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> None:
     assert document["exitcode"] == ret
     counted = {"passed": "passed", "failed": "failed", "errors": "error", "skipped": "skipped"}
     for key, number in outcomes.items():
-        assert document["summary"].get(counted[key], 0) == number, document["summary"]
+        if key in counted:
+            assert document["summary"].get(counted[key], 0) == number, document["summary"]
+    assert document["summary"]["total"] == len(document["tests"])
+    return document
 
 
 # Options whose value is free text that only its use can judge, and where that use names the option.
