@@ -64,7 +64,7 @@ class Misuse:
     """pytest's summary (``assert_outcomes``); None for a usage error, which runs nothing."""
     report: bool = False
     """Ask for ``--sprite-report`` and check the document is complete and valid."""
-    report_world: int | None | str = "unchecked"
+    report_world: int | str | None = "unchecked"
     """The report's ``environment.world_size``: null when no ranks test ran."""
     session: bool = False
     """Runs ranks tests: a session of its own in a subprocess (a usage error runs in this process)."""
