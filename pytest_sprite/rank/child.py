@@ -148,11 +148,23 @@ class ChildSession:
         import warnings
 
         from ..errors import LeftoverProcessWarning
-        from .leftovers import describe_leftovers, end_session_leftovers, started_nothing
+        from .leftovers import (
+            ESCAPED_NOTE,
+            describe_leftovers,
+            end_session_leftovers,
+            escaped_sessions,
+            started_nothing,
+        )
 
-        # A test that started no process (most) has nothing to search for (issue 23).
-        ended = [] if started_nothing() else end_session_leftovers(os.getsid(0), exclude={os.getpid()})
         zygote = subworld.zygote_pid()
+        # A test that started no process (most) has nothing to search for (issue 23).
+        nothing = started_nothing()
+        ended = [] if nothing else end_session_leftovers(os.getsid(0), exclude={os.getpid()})
+        for sid in [] if nothing else escaped_sessions(exclude={zygote} if zygote else ()):
+            ended += [
+                dataclasses.replace(left, command=f"{left.command} ({ESCAPED_NOTE})")
+                for left in end_session_leftovers(sid)
+            ]
         # The ranks of its sub-worlds lived in their zygote's session: what they left running is there.
         if zygote is not None:
             ended += end_session_leftovers(zygote, exclude={zygote})

@@ -184,9 +184,12 @@ CASES = [
         outcomes={"errors": 1},
     ),
     Misuse(
-        id="class-and-function-markers",
+        # Three small misuses of one passing test, in one session: a class's marker and its method's (the
+        # method's wins), a returned value, and a process started in a session of its own and left running.
+        id="class-and-function-markers-return-value-own-session",
         files={
             "test_nearest.py": """
+                import subprocess
                 import pytest
 
                 @pytest.mark.ranks(4)
@@ -194,12 +197,18 @@ CASES = [
                     @pytest.mark.ranks(2)
                     def test_function_wins(self, world):
                         assert world.size == 2
-                        return world.rank  # a value: pytest's own warning, whatever rank returned it
+                        if world.rank == 0:
+                            subprocess.Popen(["sleep", "120"], start_new_session=True)
+                        return world.rank
                 """
         },
-        lines=("*PytestReturnNotNoneWarning: [[]all 2 ranks[]] Test functions should return None*",),
+        lines=(
+            "*PytestReturnNotNoneWarning: [[]all 2 ranks[]] Test functions should return None*",
+            "*LeftoverProcessWarning: rank 0 left 1 process running after the test*",
+            "*pid *: sleep 120 (in a session of its own (start_new_session=True or os.setsid), found as a child)*",
+        ),
         ret=0,
-        outcomes={"passed": 1, "warnings": 1},
+        outcomes={"passed": 1, "warnings": 2},
         report=True,
         report_world=2,
         session=True,
