@@ -229,7 +229,7 @@ CASES = [
     ),
     Misuse(
         id="no-ranks-test-ran",
-        args=("-k", "plain"),
+        args=("--ranks=2", "-k", "plain"),
         ret=0,
         outcomes={"passed": 1, "deselected": 1},
         report=True,
