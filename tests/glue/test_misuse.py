@@ -382,7 +382,9 @@ def test_misuse(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case
     output = result.stdout.lines + result.stderr.lines
     assert result.ret == case.ret, "\n".join(output)
     pytest.LineMatcher(output).fnmatch_lines(list(case.lines))
-    assert not any(line.startswith(("Traceback", "INTERNALERROR")) for line in output), "\n".join(output)
+    assert not any(
+        line.startswith(("Traceback (most recent call last)", "INTERNALERROR")) for line in output
+    ), "\n".join(output)
     if case.outcomes is None:  # a usage error: one line, nothing run
         errors = [line for line in result.stderr.lines if line.strip()]
         assert len(errors) == 1, "\n".join(output)
