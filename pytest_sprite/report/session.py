@@ -32,6 +32,7 @@ class SpriteReporter:
         self.collected = 0
         self.written: list[tuple[str, Path]] = []
         self.not_written: list[str] = []
+        self.collect_errors: list[dict[str, str]] = []
         """A line per file that could not be written at the session's end: said, never raised, so the
         summary and the exit status the tests earned survive a full disk."""
         if settings.report:
@@ -44,6 +45,12 @@ class SpriteReporter:
             check_plots_available()
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # kept for the JSON report: a session stopped by it has no test to carry it
+            self.collect_errors.append(
+                {"nodeid": report.nodeid, "outcome": "failed", "longrepr": report.longreprtext}
+            )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = len(session.items)
@@ -90,6 +97,8 @@ class SpriteReporter:
                 device=self.settings.device,
                 collected=self.collected,
             )
+            if self.collect_errors:
+                document["collectors"] = list(self.collect_errors)
             self.config.hook.pytest_sprite_report(report=document, config=self.config)
             try:
                 path = write_document(

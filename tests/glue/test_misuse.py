@@ -70,6 +70,8 @@ class Misuse:
     """pytest's summary (``assert_outcomes``); None for a usage error, which runs nothing."""
     report: bool = False
     """Ask for ``--sprite-report`` and check the document is complete and valid."""
+    report_collectors: tuple[str, ...] = ()
+    """Node ids the report's ``collectors`` must name (a collection error is kept though no test ran)."""
     report_world: int | str | None = "unchecked"
     """The report's ``environment.world_size``: null when no ranks test ran."""
     session: bool = False
@@ -196,6 +198,15 @@ CASES = [
         ),
         ret=INTERRUPTED,
         outcomes={"errors": 1},
+    ),
+    Misuse(
+        id="collection-error-in-the-report",
+        files={"test_fine.py": MODULE, "test_broken.py": "def test_x(:\n    pass\n"},
+        lines=("*ERROR collecting test_broken.py*",),
+        ret=INTERRUPTED,
+        outcomes={"errors": 1},
+        report=True,
+        report_collectors=("test_broken.py",),
     ),
     Misuse(
         # Three small misuses of one passing test, in one session: a class's marker and its method's (the
@@ -392,6 +403,7 @@ def test_misuse(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case
     result.assert_outcomes(**case.outcomes)
     if case.report:
         document = _check_report(report, case.outcomes, case.ret)
+        assert [c["nodeid"] for c in document.get("collectors", [])] == list(case.report_collectors)
         if case.report_world != "unchecked":
             assert document["environment"]["world_size"] == case.report_world
 
@@ -408,7 +420,12 @@ def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> dict[str
     counted = {"passed": "passed", "failed": "failed", "errors": "error", "skipped": "skipped"}
     for key, number in outcomes.items():
         if key in counted:
-            assert document["summary"].get(counted[key], 0) == number, document["summary"]
+            found = document["summary"].get(counted[key], 0)
+            if (
+                key == "errors"
+            ):  # pytest counts a collection error among the errors; the report keeps it apart
+                found += len(document.get("collectors", []))
+            assert found == number, document["summary"]
     assert document["summary"]["total"] == len(document["tests"])
     return document
 
