@@ -38,12 +38,13 @@ def test_trivial(world):
 
 
 def session_env(launcher: str) -> dict[str, str]:
-    """Environment for one launcher's session (the fakes go first on PATH; srun needs an allocation)."""
+    """Environment for one launcher's session (the fakes go first on PATH; srun needs an allocation, pals a job)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     if launcher == "pals":
         env["PATH"] = f"{FAKES / 'pals'}{os.pathsep}{env['PATH']}"
+        env.setdefault("PBS_JOBID", "bench")
     if launcher == "srun":
         env["PATH"] = f"{FAKES / 'slurm'}{os.pathsep}{env['PATH']}"
         env.setdefault("SLURM_JOB_ID", "bench")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .errors import SpriteUsageError
+from .errors import SpriteError, SpriteUsageError
 from .glue import ranked_report
 from .glue.markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
 from .glue.options import Settings, register_options, settings_key
@@ -42,6 +42,21 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> Any:
+    """In a launched agent, a conftest that fails to import is reported to the controller at once (its
+    rank and traceback), instead of leaving it to wait out ``--connect-timeout``."""
+    try:
+        return (yield)
+    except Exception as exc:
+        from .rank.early_failure import agent_address, describe_failure, report_agent_failure
+
+        address = agent_address(list(args))
+        if address is not None:
+            report_agent_failure(address, describe_failure(exc))
+        raise
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
@@ -63,6 +78,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
         config.pluginmanager.register(AgentSessionPlugin(config, agent_address), "sprite-agent")
     else:
+        try:
+            _check_output_paths(config, settings)
+            _check_local_world(config, settings)
+        except SpriteError as exc:
+            raise pytest.UsageError(str(exc)) from None
         from .launch.controller import Controller
         from .launch.termination import TerminationPlugin
 
@@ -89,6 +109,29 @@ def _runs_as_pytest() -> bool:
     if spec is not None and spec.name in ("pytest", "pytest.__main__"):
         return True
     return os.path.basename(sys.argv[0]) in ("pytest", "py.test", "pytest.exe")
+
+
+def _check_output_paths(config: pytest.Config, settings: Settings) -> None:
+    """Every path the session writes, checked before any test runs (one line naming the option)."""
+    from .glue.options import option_source
+    from .glue.output_paths import check_output_dir, check_output_file
+
+    if settings.report:
+        check_output_file(settings.report, option_source(config, "sprite_report"))
+    if settings.plots:
+        check_output_dir(settings.plots, option_source(config, "sprite_plots"))
+    if settings.artifacts:
+        check_output_dir(settings.artifacts, option_source(config, "sprite_artifacts"))
+
+
+def _check_local_world(config: pytest.Config, settings: Settings) -> None:
+    """``--ranks`` beyond what this machine holds, refused before collection (the launch checks again)."""
+    if settings.launcher == "local" and settings.world_size is not None and not config.option.collectonly:
+        from .glue.options import option_source
+        from .launch.launchers.local import check_local_world
+
+        where = f"{option_source(config, 'sprite_ranks')}={settings.world_size}"
+        check_local_world(config, settings.world_size, where=where)
 
 
 def _register_reporter(config: pytest.Config, settings: Settings) -> None:

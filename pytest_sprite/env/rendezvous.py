@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import socket
+import threading
 from collections.abc import Iterator, Mapping
 
 from ..errors import RankEnvError
@@ -25,6 +26,7 @@ __all__ = [
     "iter_hostlist",
     "rendezvous_host",
     "rendezvous_port",
+    "unresolved",
 ]
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -32,6 +34,31 @@ _DIGITS = re.compile(r"[0-9]+")
 
 # ---------------------------------------------------------------------------------------------------------
 # rendezvous host
+
+
+RESOLVE_WITHIN = 10.0
+"""Seconds a name may take to resolve before it counts as unresolvable (a resolver that never answers)."""
+
+
+def unresolved(host: str, within: float = RESOLVE_WITHIN) -> str | None:
+    """Why ``host`` does not resolve on this machine, or None when it does; never waits past ``within`` s.
+
+    The lookup runs in a daemon thread: a resolver that retries for a minute holds no one.
+    """
+    outcome: list[str | None] = []
+
+    def look_up() -> None:
+        try:
+            socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError) as exc:
+            outcome.append(str(exc) or type(exc).__name__)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=look_up, name="sprite-resolve", daemon=True)
+    thread.start()
+    thread.join(within)
+    return outcome[0] if outcome else f"no answer within {within:g}s"
 
 
 _NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")

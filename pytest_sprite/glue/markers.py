@@ -73,6 +73,13 @@ _by_definition_key: Final = pytest.StashKey[dict[str, RanksSpec]]()
 def remember_ranks_spec(metafunc: pytest.Metafunc) -> RanksSpec | None:
     """Parse the marker of the function being generated, once; its items find the spec by :func:`item_ranks_spec`."""
     definition = metafunc.definition
+    own = [m for m in definition.own_markers if m.name == "ranks"]
+    if len(own) > 1:  # stacked decorators: pytest would silently take the one nearest the function
+        raise SpriteUsageError(
+            f"{definition.nodeid} has {len(own)} @pytest.mark.ranks markers: "
+            f"{' and '.join(_shown(m) for m in own)}; keep one (a function's marker overrides its class's "
+            "or module's, but two on one function are ambiguous)"
+        )
     mark = definition.get_closest_marker("ranks")
     if mark is None:
         return None
@@ -98,6 +105,12 @@ def item_ranks_spec(item: pytest.Item) -> RanksSpec | None:
         spec = parse_ranks_marker(mark.args, dict(mark.kwargs), item.nodeid)
     item.stash[ranks_spec_key] = spec
     return spec
+
+
+def _shown(mark: pytest.Mark) -> str:
+    """A marker as its decorator reads: ``ranks(2, timeout=5)``."""
+    words = [repr(a) for a in mark.args] + [f"{k}={v!r}" for k, v in mark.kwargs.items()]
+    return f"ranks({', '.join(words)})"
 
 
 def _describe(value: object) -> str:

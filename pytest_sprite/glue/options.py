@@ -16,6 +16,7 @@ from typing import Any, Final
 import pytest
 
 from ..env.device import DEVICE_CHOICES
+from ..env.rendezvous import unresolved
 from ..errors import SpriteUsageError
 from .markers import parse_positive_int, parse_timeout
 
@@ -25,6 +26,7 @@ __all__ = [
     "OPTIONS",
     "QWEN_PATH_ENV",
     "Settings",
+    "option_source",
     "register_options",
     "settings_key",
 ]
@@ -201,6 +203,15 @@ OPTIONS: Final = (
         "auto|off",
     ),
     _Option(
+        "--world-check",
+        "sprite_world_check",
+        "world_check",
+        "SPRITE_WORLD_CHECK",
+        "on (default): refuse a local world larger than this machine holds (processes, file descriptors, "
+        "memory, as measured before the first fork); off: start it anyway.",
+        "on|off",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -283,6 +294,14 @@ def _raw(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
     return None
 
 
+def option_source(config: pytest.Config, dest: str) -> str:
+    """Where an option's value came from, in the words its errors use (``--sprite-report``,
+    ``environment variable SPRITE_REPORT``, ``ini option sprite_report``); its flag when unset."""
+    opt = next(opt for opt in OPTIONS if opt.dest == dest)
+    raw = _raw(config, opt)
+    return raw[1] if raw else opt.flag
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     """The resolved session settings."""
@@ -315,6 +334,8 @@ class Settings:
     """``--launch-early``: auto, on or off; see ``Controller.launch_early``."""
     torch_tests: str = "native"
     """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests, issue 26)."""
+    world_check: bool = True
+    """``--world-check``: a local world beyond the machine's measured limits is refused before any fork."""
     reuse: str = "auto"
     """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
 
@@ -347,6 +368,7 @@ class Settings:
         early_name = _lower_choice(early, "auto", LAUNCH_EARLY_CHOICES)
         torch_tests_name = _lower_choice(get("sprite_torch_tests"), "native", TORCH_TESTS_CHOICES)
         reuse_name = _lower_choice(get("sprite_reuse"), "auto", REUSE_CHOICES)
+        world_check = get("sprite_world_check")
 
         def text(dest: str) -> str | None:
             raw = get(dest)
@@ -359,8 +381,8 @@ class Settings:
             timeout_source=timeout[1] if timeout else DEFAULT_TIMEOUT_SOURCE,
             grace=parse_timeout(*grace) if grace else DEFAULT_GRACE,
             ppn=parse_positive_int(*ppn) if ppn else None,
-            launcher_args=tuple(shlex.split(str(largs[0]))) if largs else (),
-            controller_host=str(host[0]) if host else None,
+            launcher_args=_launcher_words(largs),
+            controller_host=_controller_host(host, agent=bool(config.getoption("sprite_agent", None))),
             connect_timeout=parse_timeout(*connect) if connect else DEFAULT_CONNECT_TIMEOUT,
             device=device_name,
             artifacts=text("sprite_artifacts"),
@@ -374,7 +396,37 @@ class Settings:
             launch_early=early_name,
             torch_tests=torch_tests_name,
             reuse=reuse_name,
+            world_check=parse_on_off(*world_check) if world_check else True,
         )
+
+
+def _launcher_words(raw: tuple[Any, str] | None) -> tuple[str, ...]:
+    """``--launcher-args`` split as a shell would; an unbalanced quote names the option and the fix."""
+    if raw is None:
+        return ()
+    try:
+        return tuple(shlex.split(str(raw[0])))
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r}: cannot be split into words ({str(exc).lower()}); it is split as a shell "
+            "splits a command line: close the quote or escape it with a backslash"
+        ) from None
+
+
+def _controller_host(raw: tuple[Any, str] | None, *, agent: bool) -> str | None:
+    """``--controller-host`` when this host can resolve it: a name that resolves nowhere fails here in one
+    line, not in every agent after the resolver's retries. An agent (``agent``) connects to the address the
+    controller gives it and resolves nothing here."""
+    if raw is None or agent:
+        return None if raw is None else str(raw[0]).strip()
+    host = str(raw[0]).strip()
+    why = unresolved(host) if host else "it is empty"
+    if why is not None:
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r}: this host cannot resolve it ({why}); pass an address or a name the agents "
+            "reach this host by, or leave it unset (launched agents: this host's name; local ones: 127.0.0.1)"
+        )
+    return host
 
 
 def _device_name(device: tuple[Any, str] | None) -> str:

@@ -99,6 +99,10 @@ class Controller:
         """Agent rank -> run id of the test it runs."""
         self.use = Utilisation()
         self.interrupt: str | None = None
+        self.collect_errors: set[str] = set()
+        """Node ids this process failed to collect: a launched agent's own errors beyond these are shown."""
+        self.exit_code: int | None = None
+        """With :attr:`interrupt`: the code of a rank's ``pytest.exit``, None for a KeyboardInterrupt."""
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
 
@@ -107,6 +111,10 @@ class Controller:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self) -> None:
         self.launch_early()
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.collect_errors.add(report.nodeid)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -197,7 +205,7 @@ class Controller:
             self.shutdown()
             raise
         if self.interrupt:
-            pytest.exit(self.interrupt, returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(self.interrupt, returncode=self._exit_code())
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
         if session.shouldstop:
@@ -216,7 +224,11 @@ class Controller:
         self.log(run)
         teardown_controller_state(item, nextitem)
         if run.interrupted:
-            pytest.exit(run.interrupted, returncode=pytest.ExitCode.INTERRUPTED)
+            pytest.exit(run.interrupted, returncode=self._exit_code())
+
+    def _exit_code(self) -> int:
+        """The status an interrupted session ends with: a rank's ``pytest.exit`` code, else pytest's 2."""
+        return int(pytest.ExitCode.INTERRUPTED) if self.exit_code is None else self.exit_code
 
     def _stopping(self, session: pytest.Session) -> bool:
         """True once nothing new may start; drops the queue the first time."""
@@ -321,9 +333,11 @@ class Controller:
 
     def _launch_failed(self, run: _Run, exc: Exception) -> None:
         """The agents could not be started: this test fails and the session stops."""
-        run.item.session.shouldstop = f"pytest-sprite could not start the rank agents: {exc}"
+        run.item.session.shouldstop = _launch_failure_line(exc)
+        # The launch's command and output once, under rank 0: every rank failed for the same reason.
         for rank in range(run.n):
-            run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=str(exc))
+            detail = str(exc) if rank == 0 else "the launch failed before it started (rank 0 shows why)"
+            run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=detail)
         self.queued.clear()  # the session stops: nothing queued will start
         if self.scheduler is not None:
             self.scheduler.stop()
@@ -427,8 +441,8 @@ class Controller:
         if around is not None:  # torch's parent side: tearDown, and its exit-code rule (issue 26)
             around.after(run.reports, run.ends)
         run.done = True
-        if run.interrupted:
-            self.interrupt = self.interrupt or run.interrupted
+        if run.interrupted and self.interrupt is None:
+            self.interrupt, self.exit_code = run.interrupted, run.exit_code
         if self.pack:
             run.item.stash[finished_run_key] = run
             try:
@@ -442,6 +456,12 @@ class Controller:
         if event not in AGENT_EVENTS:
             raise ValueError(f"unexpected event from rank agent {agent}: {event!r}")
         if event == "agent_ready":  # it connected: tests may start on it
+            unseen = {
+                k: v for k, v in payload.get("collect_errors", {}).items() if k not in self.collect_errors
+            }
+            if unseen:  # the rank collects other code than this process: its error, once, and stop
+                self.on_launch_failed(pool, _collection_differs(agent, unseen))
+                return
             if self.scheduler is not None and not self.scheduler.stopped:
                 self.scheduler.join(pool.slot(agent))
             return
@@ -468,7 +488,7 @@ class Controller:
             self._launch_failed(self.queued[scheduler.pending[0]], LaunchError(detail))
             return
         session = next(iter(self.items.values())).session
-        session.shouldstop = session.shouldstop or f"pytest-sprite could not start the rank agents: {detail}"
+        session.shouldstop = session.shouldstop or _launch_failure_line(LaunchError(detail))
         if scheduler is not None:
             scheduler.stop()
 
@@ -503,7 +523,9 @@ class Controller:
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
         """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
-        run.interrupted = payload["message"]
+        if run.interrupted is None:  # the first rank's words and code are the session's
+            run.interrupted = payload["message"]
+            run.exit_code = payload.get("returncode")
         run.note_failure(rank)
 
     def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:
@@ -619,3 +641,21 @@ class Controller:
             self.pool = None
             self.use.close(monotonic())
         self.scheduler = None
+
+
+def _launch_failure_line(exc: Exception) -> str:
+    """Why the session stops after a failed launch, in one line: the command and its output are shown once,
+    with the failed test (its rank 0)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for tail in (" Its output:", " Launcher output:"):
+        first = first.removesuffix(tail)
+    return f"pytest-sprite could not start the rank agents: {first.rstrip(':')}"
+
+
+def _collection_differs(agent: int, errors: dict[str, str]) -> str:
+    """Why a launched agent cannot serve this session: the collection errors only it saw, with their text."""
+    shown = "\n".join(
+        f"error collecting {nodeid or '.'} on rank agent {agent}:\n{text.rstrip()}"
+        for nodeid, text in errors.items()
+    )
+    return f"rank agent {agent} could not collect what this process collected\n{shown}"

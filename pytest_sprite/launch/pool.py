@@ -24,7 +24,14 @@ import pytest
 from ..errors import LaunchError
 from ..glue.options import Settings
 from ..plumbing.placement import Placement, place
-from ..plumbing.protocol import FIRST_FRAME_MAX, AgentReady, FrameTooLarge, recv_frame, send_frame
+from ..plumbing.protocol import (
+    AGENT_FAILED,
+    FIRST_FRAME_MAX,
+    AgentReady,
+    FrameTooLarge,
+    recv_frame,
+    send_frame,
+)
 from ..plumbing.timing import monotonic
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
@@ -170,6 +177,9 @@ class AgentPool:
         while not self.complete and not self._closing:
             status = self.handle.poll()
             if status is not None:
+                failed = self._agent_failure_waiting(token)  # an agent's own words beat the launcher's
+                if failed is not None:
+                    raise LaunchError(failed)
                 raise LaunchError(
                     f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
                     f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
@@ -189,6 +199,9 @@ class AgentPool:
                     ) from None
                 continue
             hello = self._first_frame(conn)
+            if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
+                conn.close()
+                raise LaunchError(_agent_failed(hello[1]))
             if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
                 conn.close()  # not one of ours
                 continue
@@ -207,6 +220,24 @@ class AgentPool:
             )
             thread.start()
             self._threads.append(thread)
+
+    def _agent_failure_waiting(self, token: str) -> str | None:
+        """An ``agent_failed`` among the connections already waiting, once the launch has ended: the agent
+        that failed first ended it (torchrun ends the others), and its traceback says why."""
+        assert self._listener is not None
+        self._listener.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    conn, _ = self._listener.accept()
+                except OSError:
+                    return None
+                hello = self._first_frame(conn)
+                conn.close()
+                if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
+                    return _agent_failed(hello[1])
+        finally:
+            self._listener.settimeout(0.2)
 
     @staticmethod
     def _first_frame(conn: socket.socket) -> tuple[str, dict[str, Any]] | None:
@@ -323,3 +354,10 @@ class AgentPool:
 def _described(exc: BaseException) -> str:
     """An exception as its type and message, for a line that says why a thread ended."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def _agent_failed(payload: dict[str, Any]) -> str:
+    """The line (and traceback) for an agent that failed before it could join (``agent_failed``)."""
+    rank = payload.get("rank")
+    who = "a rank agent" if rank is None else f"rank agent {rank}"
+    return f"{who} failed before it could join the world:\n{payload.get('detail', '')}"

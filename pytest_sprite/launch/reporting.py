@@ -25,12 +25,19 @@ __all__ = ["log_run", "log_warnings", "merge_run"]
 
 
 def _warning_category(name: str) -> type[Warning]:
-    """The warning class a child named: a builtin, or pytest-sprite's own; else UserWarning."""
+    """The warning class a child named: a builtin, pytest-sprite's own, or ``module.QualName`` of a module
+    this process has loaded too (pytest's ``PytestReturnNotNoneWarning``, a project's own); else UserWarning."""
     import builtins
+    import sys
 
-    found = getattr(builtins, name, None)
     if name == LeftoverProcessWarning.__name__:
         return LeftoverProcessWarning
+    module, _, qualname = name.rpartition(".")
+    found: object = getattr(builtins, name, None)
+    if module and module in sys.modules:  # never imports: a module only the rank loaded stays UserWarning
+        found = sys.modules[module]
+        for part in qualname.split("."):
+            found = getattr(found, part, None)
     return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
 
 

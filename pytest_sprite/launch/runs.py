@@ -177,6 +177,8 @@ class _Run:
     failed_at: dict[int, float] = field(default_factory=dict)
     """Rank -> when its first failure arrived."""
     interrupted: str | None = None
+    exit_code: int | None = None
+    """``pytest.exit(..., returncode=N)`` on a rank: the session's exit status (None: interrupted, 2)."""
     test_dir: Path | None = None
     """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
     warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)

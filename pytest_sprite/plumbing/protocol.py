@@ -15,10 +15,11 @@ import signal
 import socket
 import struct
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 __all__ = [
     "AGENT_EVENTS",
+    "AGENT_FAILED",
     "CHILD_DONE",
     "COMMANDS",
     "FIRST_FRAME_MAX",
@@ -27,6 +28,7 @@ __all__ = [
     "STACK_SIGNAL",
     "Abort",
     "AgentError",
+    "AgentFailed",
     "AgentLost",
     "AgentReady",
     "ChildDone",
@@ -148,6 +150,16 @@ class AgentReady(TypedDict):
     pid: int
     next_port: int | None
     """A listening port on its host for the rendezvous store of the first test whose rank 0 it runs."""
+    collect_errors: NotRequired[dict[str, str]]
+    """A launched agent's collection errors: node id -> the error's text (the controller compares its own)."""
+
+
+class AgentFailed(TypedDict):
+    """``agent_failed``: a launched agent's only frame when it failed before it could join (a conftest)."""
+
+    token: str
+    rank: int | None
+    detail: str
 
 
 class Report(TypedDict):
@@ -195,11 +207,13 @@ class Progress(TypedDict):
 
 
 class Interrupted(TypedDict):
-    """``interrupted``: KeyboardInterrupt in the test; the session ends after it."""
+    """``interrupted``: KeyboardInterrupt or ``pytest.exit`` in the test; the session ends after it."""
 
     run_id: int
     rank: int
     message: str
+    returncode: NotRequired[int | None]
+    """``pytest.exit(..., returncode=N)``'s N: the session's exit status; absent: interrupted (2)."""
 
 
 class ChildExited(TypedDict):
@@ -277,7 +291,11 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
 }
 """Agent (or a child, relayed) -> controller."""
 
-_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, CHILD_DONE})
+AGENT_FAILED: Final = "agent_failed"
+"""A launched agent's only frame when it fails before it can join (:class:`AgentFailed`); the controller's
+accepting thread turns it into ``launch_failed``, so it never reaches the event loop."""
+
+_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, CHILD_DONE, AGENT_FAILED})
 
 
 class FrameTooLarge(ValueError):

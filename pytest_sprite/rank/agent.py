@@ -147,8 +147,17 @@ class Agent:
         """Children that reported done and are still tearing down; reaped without blocking."""
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
 
-    def say_ready(self, *, token: str, local_rank: int, world_size: int, node: int | None = None) -> None:
-        """Tell the controller who this agent is and where the launcher placed it (its first frame)."""
+    def say_ready(
+        self,
+        *,
+        token: str,
+        local_rank: int,
+        world_size: int,
+        node: int | None = None,
+        collect_errors: Mapping[str, str] | None = None,
+    ) -> None:
+        """Tell the controller who this agent is and where the launcher placed it (its first frame), and a
+        launched agent's collection errors, which the controller compares with its own."""
         hello = AgentReady(
             token=token,
             rank=self.rank,
@@ -159,6 +168,8 @@ class Agent:
             pid=os.getpid(),
             next_port=self._reserve_port(),
         )
+        if collect_errors:
+            hello["collect_errors"] = dict(collect_errors)
         send_frame(self.sock, "agent_ready", hello)
 
     # -- main loop ---------------------------------------------------------------------------

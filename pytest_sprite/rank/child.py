@@ -148,11 +148,23 @@ class ChildSession:
         import warnings
 
         from ..errors import LeftoverProcessWarning
-        from .leftovers import describe_leftovers, end_session_leftovers, started_nothing
+        from .leftovers import (
+            ESCAPED_NOTE,
+            describe_leftovers,
+            end_session_leftovers,
+            escaped_sessions,
+            started_nothing,
+        )
 
-        # A test that started no process (most) has nothing to search for (issue 23).
-        ended = [] if started_nothing() else end_session_leftovers(os.getsid(0), exclude={os.getpid()})
         zygote = subworld.zygote_pid()
+        # A test that started no process (most) has nothing to search for (issue 23).
+        nothing = started_nothing()
+        ended = [] if nothing else end_session_leftovers(os.getsid(0), exclude={os.getpid()})
+        for sid in [] if nothing else escaped_sessions(exclude={zygote} if zygote else ()):
+            ended += [
+                dataclasses.replace(left, command=f"{left.command} ({ESCAPED_NOTE})")
+                for left in end_session_leftovers(sid)
+            ]
         # The ranks of its sub-worlds lived in their zygote's session: what they left running is there.
         if zygote is not None:
             ended += end_session_leftovers(zygote, exclude={zygote})
@@ -166,7 +178,7 @@ class ChildSession:
             return
         self.channel.send(
             "warning",
-            category=type(warning_message.message).__name__,
+            category=_qualified(type(warning_message.message)),
             message=str(warning_message.message),
             filename=str(warning_message.filename),
             lineno=int(warning_message.lineno or 0),
@@ -301,6 +313,11 @@ def forget_child_session(config: pytest.Config) -> None:
         config.pluginmanager.unregister(name=CHILD_SESSION)
 
 
+def _qualified(cls: type) -> str:
+    """A warning class as ``module.QualName``, which the controller finds again (a builtin: its bare name)."""
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
 def _die_with_parent(agent_pid: int) -> None:
     """Ask Linux to kill this child when its agent dies, so a lost agent leaves no rank behind.
 
@@ -367,6 +384,13 @@ def run_child(
         session.leave()
     except KeyboardInterrupt:
         channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}")
+        code = 2
+    except pytest.exit.Exception as exc:  # pytest.exit(msg, returncode=N): the session ends as pytest's would
+        channel.send(
+            "interrupted",
+            message=f"{exc.msg} (pytest.exit on rank {spec['rank']})",
+            returncode=exc.returncode,
+        )
         code = 2
     except BaseException:
         traceback.print_exc()

@@ -4,8 +4,9 @@ Every test child leads its own session (``os.setsid`` when it starts), and every
 inherits that session id, even a process that moves to a process group of its own or whose parent
 exits. When the test ends, what is still in the session was left behind by the test: it is sent
 SIGTERM, then SIGKILL after a short grace, and named (rank, pid, command) in the test's report
-(issue 9). A process that calls ``setsid`` itself (a daemon that double-forks into a new session)
-escapes; that is documented.
+(issue 9). A child that leaves the session (``start_new_session=True``, ``os.setsid``) is still a child
+of the test child, a subreaper, and is found as such (:func:`escaped_sessions`) and named so; a daemon
+that double-forks into a new session and whose middle process exits is reparented to the subreaper too.
 
 Stdlib only: processes are read from ``/proc`` (Linux: the clusters and CI this plugin serves);
 where there is none, nothing is found. Depends on nothing of the controller side.
@@ -30,6 +31,7 @@ __all__ = [
     "Leftover",
     "describe_leftovers",
     "end_session_leftovers",
+    "escaped_sessions",
     "lead_own_session",
     "session_processes",
     "started_nothing",
@@ -92,6 +94,31 @@ def started_nothing() -> bool:
     except OSError:
         return False
     return True
+
+
+def escaped_sessions(*, exclude: Collection[int] = ()) -> list[int]:
+    """Sessions of this process's children that left its session: a child started with
+    ``start_new_session=True`` or that called ``os.setsid``. This process is a subreaper, so such a child,
+    and an orphan of it, is still its child, though the search by session misses it. ``exclude``: sessions
+    that are not the test's to end (the sub-world zygote's)."""
+    own = os.getsid(0)
+    found: list[int] = []
+    try:
+        children = [
+            int(pid)
+            for tid in os.listdir("/proc/self/task")
+            for pid in Path(f"/proc/self/task/{tid}/children").read_text().split()
+        ]
+    except (OSError, ValueError):
+        return found
+    for pid in children:
+        sid = _session_of(pid)
+        if sid is not None and sid != own and sid not in exclude and sid not in found and _alive(pid):
+            found.append(sid)
+    return found
+
+
+ESCAPED_NOTE: Final = "in a session of its own (start_new_session=True or os.setsid), found as a child"
 
 
 def _read_stat(pid: int) -> tuple[str, int, int, str] | None:

@@ -84,6 +84,8 @@ class AgentSessionPlugin:
             raise pytest.UsageError(f"--sprite-agent={address!r}: expected HOST:PORT (set by the controller)")
         self.host, self.port = host, int(port)
         self.items: dict[str, pytest.Item] = {}
+        self.collect_errors: dict[str, str] = {}
+        """This agent's collection errors (node id -> text): the controller shows those it did not see."""
         # An agent writes no result files of its own; the controller writes them.
         config.option.xmlpath = None
 
@@ -92,6 +94,10 @@ class AgentSessionPlugin:
         # Before any deselection: the controller may ask for any collected test.
         self.items.update((item.nodeid, item) for item in items)
         return (yield)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.collect_errors[report.nodeid] = report.longreprtext
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -114,6 +120,7 @@ class AgentSessionPlugin:
             local_rank=info.local_rank,
             world_size=info.world_size,
             node=info.node_rank,
+            collect_errors=self.collect_errors,
         )
         agent.serve()
         sys.stdout.flush()

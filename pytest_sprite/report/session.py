@@ -14,6 +14,7 @@ import pytest
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.options import Settings
+from pytest_sprite.glue.output_paths import not_written
 from pytest_sprite.report.store import ResultStore
 
 __all__ = ["SpriteReporter"]
@@ -30,6 +31,10 @@ class SpriteReporter:
         self.started = time.perf_counter()
         self.collected = 0
         self.written: list[tuple[str, Path]] = []
+        self.not_written: list[str] = []
+        self.collect_errors: list[dict[str, str]] = []
+        """A line per file that could not be written at the session's end: said, never raised, so the
+        summary and the exit status the tests earned survive a full disk."""
         if settings.report:
             from pytest_sprite.report.json_report import check_target
 
@@ -40,6 +45,12 @@ class SpriteReporter:
             check_plots_available()
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # kept for the JSON report: a session stopped by it has no test to carry it
+            self.collect_errors.append(
+                {"nodeid": report.nodeid, "outcome": "failed", "longrepr": report.longreprtext}
+            )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected = len(session.items)
@@ -73,6 +84,8 @@ class SpriteReporter:
 
             controller = self.config.pluginmanager.get_plugin("sprite-controller")
             world = getattr(controller, "world_size", None) if controller is not None else None
+            if not any(entry.ranks for entry in entries):
+                world = None  # no ranks test ran: no world (the documented null), whatever markers were seen
             document = build_document(
                 entries=entries,
                 created=self.created,
@@ -84,6 +97,8 @@ class SpriteReporter:
                 device=self.settings.device,
                 collected=self.collected,
             )
+            if self.collect_errors:
+                document["collectors"] = list(self.collect_errors)
             self.config.hook.pytest_sprite_report(report=document, config=self.config)
             try:
                 path = write_document(
@@ -91,14 +106,21 @@ class SpriteReporter:
                 )
             except SpriteUsageError as exc:
                 self.written.append((f"not written: {exc}", Path(self.settings.report)))
+            except OSError as exc:  # checked at configure; the disk filled or the folder went meanwhile
+                self.not_written.append(not_written("the JSON report", self.settings.report, exc))
             else:
                 self.written.append(("JSON report", path))
         if self.settings.plots:
             from pytest_sprite.report.plots import write_plots
 
-            plots = write_plots(entries, self.settings.plots)
-            if plots:
-                self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
+            try:
+                plots = write_plots(entries, self.settings.plots)
+            except OSError as exc:
+                where = exc.filename or self.settings.plots
+                self.not_written.append(not_written("a plot (and those after it)", where, exc))
+            else:
+                if plots:
+                    self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
 
     def summarize(self, terminalreporter: Any) -> None:
         # Only assertions make tables: a session without one loads none of their code (issue 23).
@@ -109,3 +131,5 @@ class SpriteReporter:
             write_summary(terminalreporter, self.store.tests.values(), short=short)
         for what, path in self.written:
             terminalreporter.write_line(f"sprite: {what}: {path}")
+        for line in self.not_written:
+            terminalreporter.write_line(f"sprite: {line}", yellow=True, bold=True)

@@ -169,6 +169,7 @@ def test_harness_scenarios_under_launcher(
     if launcher == "pals":
         monkeypatch.setenv("PATH", f"{FAKES / 'pals'}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("FAKE_PALS_ARGV_LOG", str(argv_log))
+        monkeypatch.setenv("PBS_JOBID", f"{os.getpid()}.fake-pbs")  # PALS runs only inside a PBS job
     if launcher == "srun":
         monkeypatch.setenv("PATH", f"{FAKES / 'slurm'}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("FAKE_SRUN_ARGV_LOG", str(argv_log))
@@ -286,7 +287,7 @@ def test_launch_that_dies_before_agents_connect(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*pytest-sprite could not start the rank agents: --launcher=mpiexec: the launch ended with status * "
+            "*rank 0: its rank agent could not run the test: --launcher=mpiexec: the launch ended with status * "
             "before all 2 agents connected (0 did). Its output:*",
             "*+ */mpiexec -n 2 --no-such-option env -u RANK -u LOCAL_RANK*",
             "*no-such-option*",
@@ -314,7 +315,7 @@ def test_fewer_agents_than_asked_within_connect_timeout(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*pytest-sprite could not start the rank agents: --launcher=mpiexec: only 1 of 2 agents connected "
+            "*rank 0: its rank agent could not run the test: --launcher=mpiexec: only 1 of 2 agents connected "
             "within 15s (--connect-timeout); connected ranks: [[]0[]]. Launcher output:*",
         ]
     )

@@ -201,6 +201,18 @@ def test_pals_not_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
         PalsLauncher().check()
 
 
+def test_pals_needs_a_pbs_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_program(tmp_path, "mpiexec")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("PBS_JOBID", raising=False)
+    with pytest.raises(
+        LaunchError, match=r"^--launcher=pals: this pytest is not inside a PBS job \(PBS_JOBID"
+    ):
+        PalsLauncher().check()
+    monkeypatch.setenv("PBS_JOBID", "8675309.pbs")
+    PalsLauncher().check()
+
+
 # --------------------------------------------------------------------------------------------------------
 # srun
 

@@ -11,12 +11,16 @@ import gc
 import os
 import signal
 import warnings
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
+from ...errors import LaunchError
+from ...glue.options import settings_key
+from ...plumbing.capacity import local_world_shortfall
 from ...plumbing.output import tail_of_file
 from ...plumbing.process import (
     collapse_heap_once,
     computing_before_fork,
+    die_with_parent,
     one_thread_after_fork,
     preimport_torch,
     tests_ran_here,
@@ -26,7 +30,10 @@ from ...plumbing.timing import monotonic, sleep
 from ..runs import world_size_key
 from .base import LaunchHandle, LaunchRequest
 
-__all__ = ["LocalLauncher"]
+if TYPE_CHECKING:
+    import pytest
+
+__all__ = ["LocalLauncher", "check_local_world"]
 
 
 class _ForkedAgents:
@@ -81,6 +88,18 @@ class _ForkedAgents:
                 break
 
 
+def check_local_world(config: pytest.Config, world_size: int, *, where: str = "") -> None:
+    """Refuse a local world this machine cannot hold (``--world-check``), naming the figures and the way out."""
+    if not config.stash[settings_key].world_check:
+        return
+    why = local_world_shortfall(world_size)
+    if why is not None:
+        raise LaunchError(
+            f"{where + ': ' if where else ''}{why}. Ask for fewer ranks, raise the limit, or pass "
+            "--world-check=off (SPRITE_WORLD_CHECK=off) to start it anyway"
+        )
+
+
 def _agent_main(request: LaunchRequest, rank: int, one_thread: bool) -> NoReturn:
     """Body of the forked agent of ``rank``: close the controller's descriptors, then serve; never returns.
 
@@ -122,6 +141,7 @@ class LocalLauncher:
             )
         request.log_path.parent.mkdir(parents=True, exist_ok=True)
         preimport_torch()
+        check_local_world(request.config, request.world_size)
         # What many tests need alike, loaded once here: every agent, test child and zygote copies it.
         config = request.config
         for item in request.items.values():
@@ -140,6 +160,7 @@ class LocalLauncher:
         collapse_heap_once(forks=sum(item.stash.get(world_size_key, 0) for item in request.items.values()))
         one_thread = tests_ran_here()
         pids = []
+        controller = os.getpid()
         for rank in range(request.world_size):
             with warnings.catch_warnings():
                 # Python 3.12+ warns when a process with threads forks (a CUDA build of torch starts
@@ -149,6 +170,10 @@ class LocalLauncher:
                 pid = os.fork()
             if pid == 0:
                 try:
+                    # Dies with the controller: a signal that ends it at any moment of this loop ends every
+                    # agent forked so far (one that lost its parent before prctl took effect leaves at once).
+                    if die_with_parent() and os.getppid() != controller:
+                        os._exit(1)
                     os.setpgid(0, 0)  # the terminal's Ctrl-C reaches the controller, which ends the agents
                     _agent_main(request, rank, one_thread)
                 finally:
