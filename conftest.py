@@ -8,6 +8,7 @@ same path, so the default run stays representative.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -95,8 +96,17 @@ def _pytester_sessions_without_hypothesis(request: pytest.FixtureRequest) -> Non
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the warm interpreter the project's own pytest sessions fork from, when a collected test runs one."""
+    """Start the warm interpreter the project's own pytest sessions fork from, when a collected test runs one.
+
+    Also import torch (and numpy with it) here when a test runs pytester: an in-process session
+    (``pytester.runpytest``) drops from ``sys.modules`` what was first imported inside it, and a C extension
+    such as numpy's cannot be loaded twice in one process, so a later test importing it would fail. A whole
+    run has imported torch while collecting; a run of a few files that do not import it at the top may not.
+    """
     if any("pytester" in getattr(item, "fixturenames", ()) for item in session.items):
         from sprite_testing import start_warm_python
+
+        with contextlib.suppress(ImportError):
+            import torch  # noqa: F401
 
         start_warm_python()
