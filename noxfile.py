@@ -84,9 +84,10 @@ def oldest(session: nox.Session) -> None:
         *(
             session.posargs
             or [
-                "tests/glue",
+                "tests/glue/test_harness.py",
+                "tests/glue/test_usage_errors.py",
+                "tests/glue/test_ranks_hypothesis.py",
                 "tests/lightning",
-                "tests/rank/test_given_unit.py",
             ]
         ),
     )
