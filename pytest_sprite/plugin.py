@@ -40,7 +40,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     from .plumbing.distribution import DISTRIBUTION, importable, installed_version
 
     torch = installed_version("torch") if importable("torch") else None
-    return f"sprite: {DISTRIBUTION} {installed_version() or '(not installed)'}, " + (
+    return f"{DISTRIBUTION} {installed_version() or '(not installed)'}, " + (
         f"torch {torch}" if torch else "torch not installed (ranks tests need it)"
     )
 

@@ -46,7 +46,7 @@ def test_a_ranks_test_fails_with_one_line_naming_torch(pytester: pytest.Pytester
     pytester.makepyfile(test_mixed=TESTS)
     result = run_pytest(pytester, timeout=120)
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["sprite: pytest-sprite *, torch not installed (ranks tests need it)"])
+    result.stdout.fnmatch_lines(["pytest-sprite *, torch not installed (ranks tests need it)"])
     out = result.stdout.str()
     section = out.split("ERROR at setup of test_on_ranks")[1].split("short test summary")[0]
     assert section.strip("_ \n=").splitlines() == [TORCH_MISSING], out

@@ -199,7 +199,7 @@ def test_the_wheel_runs_the_main_job_and_the_readme_from_outside_the_checkout(wh
         cwd=wheel_env.outside,
         env=clean_env(),
     )
-    assert f"sprite: pytest-sprite {project_version()}, torch " in result.stdout, result.stdout
+    assert f"pytest-sprite {project_version()}, torch " in result.stdout, result.stdout
     assert re.search(r"= 9 passed, \d+ deselected in ", result.stdout), result.stdout
 
 
