@@ -36,6 +36,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     register_options(parser)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """One line under pytest's own: the plugin's version and the torch its ranks will import (read from the
+    installed metadata, so the header imports no torch)."""
+    from .plumbing.distribution import DISTRIBUTION, importable, installed_version
+
+    torch = installed_version("torch") if importable("torch") else None
+    return f"{DISTRIBUTION} {installed_version() or '(not installed)'}, " + (
+        f"torch {torch}" if torch else "torch not installed (ranks tests need it)"
+    )
+
+
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     from . import hookspecs
 

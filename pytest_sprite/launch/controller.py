@@ -27,6 +27,7 @@ from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
 from ..glue.tmp_path import TMP_FIXTURES, make_test_dir
+from ..plumbing.distribution import importable
 from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
     AGENT_EVENTS,
@@ -66,6 +67,13 @@ __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
 
 # The bookkeeping of a run lives in runs.py and the logging in reporting.py; ``launches_early``,
 # ``usable_cores``, ``beyond_world_key`` and ``finished_run_key`` stay importable from here.
+
+TORCH_MISSING: Final = (
+    "ranks tests need torch, which is not installed in this environment: "
+    "pip install torch (or your site's build)"
+)
+torch_missing_key = pytest.StashKey[str]()
+"""Set on a ranks item when torch cannot be imported here: the item fails at setup with the stored line."""
 
 _STACKS_LIMIT: Final = STACK_WAIT + 5.0
 """Seconds the kill of an abort waits for every agent's ``stacks_taken``: one that never answers holds no one."""
@@ -139,6 +147,11 @@ class Controller:
         self.run_alone(item, nextitem, n)
         return True
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if torch_missing_key in item.stash:  # runs here, failing before its fixtures import torch
+            pytest.fail(item.stash[torch_missing_key], pytrace=False)
+
     def pytest_sessionfinish(self) -> None:
         self.shutdown()
 
@@ -152,6 +165,10 @@ class Controller:
     def plan(self, items: list[pytest.Item]) -> None:
         """Record each item's world size and skip those that need more ranks than the world."""
         self.world_size = size_items(items, self.world_size)
+        if not importable("torch"):  # the plugin installs without torch; a rank cannot start without it
+            for item in items:
+                if self._ranks_size(item):
+                    item.stash[torch_missing_key] = TORCH_MISSING
         self.items = {item.nodeid: item for item in items}
         self.last_ranks_test = next((item.nodeid for item in reversed(items) if self._ranks_size(item)), None)
         if not any(self._ranks_size(item) for item in items):
@@ -166,7 +183,7 @@ class Controller:
     def _ranks_size(item: pytest.Item) -> int | None:
         """The ranks a test runs on in the agents, None for a test that runs here (ordinary, or skipped)."""
         n = item.stash.get(world_size_key, None)
-        return None if n is None or beyond_world_key in item.stash else n
+        return None if n is None or beyond_world_key in item.stash or torch_missing_key in item.stash else n
 
     # -- the loops -----------------------------------------------------------------------------
 

@@ -156,9 +156,9 @@ TORCH_COMMON_DISTRIBUTED = "torch.testing._internal.common_distributed"
 def torch_multiprocess_module() -> Any | None:
     """``torch.testing._internal.common_distributed``, once a test module imported it; else None.
 
-    torch ships its multiprocess test classes only there (tested with torch 2.13); ``--torch-tests=ranks``
-    looks it up in ``sys.modules`` so that nothing imports torch for a session without such tests.
-    Fallback: None, and no test is taken for a torch test.
+    torch ships its multiprocess test classes only there (tested with torch 2.13 and 2.14.1);
+    ``--torch-tests=ranks`` looks it up in ``sys.modules`` so that nothing imports torch for a session without
+    such tests. Fallback: None, and no test is taken for a torch test.
     """
     import sys
 
@@ -168,7 +168,7 @@ def torch_multiprocess_module() -> Any | None:
 def torch_required_world_size(method: Any) -> int | None:
     """The ``n`` of torch's ``@requires_world_size(n)`` on a test method, else None.
 
-    The decorator stores it as ``_required_world_size`` (torch 2.13) and torch reads it back with
+    The decorator stores it as ``_required_world_size`` (torch 2.13, 2.14.1) and torch reads it back with
     ``get_required_world_size``, which needs an instance; this reads the attribute. Fallback: None (the
     class's ``world_size``).
     """
@@ -180,7 +180,7 @@ def torch_run_rank(cls: Any, rank: int, test_name: str, file_name: str, pipe: An
     """What torch's spawned process ``rank`` runs: the class's ``_run`` (a classmethod subclasses override).
 
     ``MultiProcessTestCase._start_processes`` targets ``cls._run(rank, test_name, file_name, pipe,
-    fake_pg=...)``; there is no public entry (torch 2.6 - 2.13). It ends with ``sys.exit`` or returns.
+    fake_pg=...)``; there is no public entry (torch 2.6 - 2.14.1). It ends with ``sys.exit`` or returns.
     """
     cls._run(rank, test_name, file_name, pipe, fake_pg=fake_pg)
 
@@ -188,7 +188,7 @@ def torch_run_rank(cls: Any, rank: int, test_name: str, file_name: str, pipe: An
 def torch_multiprocess_in_process(cls: Any, base: type) -> bool:
     """True for a ``MultiProcessTestCase`` subclass whose tests torch runs in its own process, spawning none.
 
-    ``LocalDTensorTestBase`` (torch 2.9 - 2.13) overrides ``join_or_run`` to call the test in the parent
+    ``LocalDTensorTestBase`` (torch 2.9 - 2.14.1) overrides ``join_or_run`` to call the test in the parent
     (with a ``LocalTensorMode`` for every rank) and ``_spawn_processes`` to do nothing; run per rank it
     would mean something else. Fallback: False when the class has no ``join_or_run``.
     """
@@ -199,7 +199,7 @@ def torch_multiprocess_in_process(cls: Any, base: type) -> bool:
 def torch_continuous_base() -> type | None:
     """torch's ``MultiProcContinuousTest`` (one world per class), once a test module imported its module; else None.
 
-    Public name in torch's test-support module (torch 2.7 - 2.13). Fallback: None, and no class is taken
+    Public name in torch's test-support module (torch 2.7 - 2.14.1). Fallback: None, and no class is taken
     for a class-world test.
     """
     base = getattr(torch_multiprocess_module(), "MultiProcContinuousTest", None)
@@ -209,7 +209,7 @@ def torch_continuous_base() -> type | None:
 def torch_continuous_in_process(cls: Any, base: type) -> bool:
     """True for a ``MultiProcContinuousTest`` subclass that runs its tests in torch's own process.
 
-    ``LocalDTensorContinuousTestBase`` (torch 2.10 - 2.13) overrides the private classmethod
+    ``LocalDTensorContinuousTestBase`` (torch 2.10 - 2.14.1) overrides the private classmethod
     ``_ensure_processes_spawned`` to make a fake group in the parent instead of spawning workers.
     Fallback: False when the name is absent.
     """
@@ -220,9 +220,9 @@ def torch_continuous_in_process(cls: Any, base: type) -> bool:
 
 def torch_continuous_world_size(cls: Any) -> int:
     """The world size torch's ``MultiProcContinuousTest`` spawns for ``cls``, as its ``_ensure_processes_spawned``
-    decides it (torch 2.10 - 2.13): the class's ``device_type`` (a classmethod, a property read on the class,
-    or a string ``instantiate_device_type_tests`` set), then the private ``_get_world_size(device_type)``
-    (the class's ``world_size``; unset: the device count). Raises ``unittest.SkipTest`` as torch does: no
+    decides it (torch 2.10 - 2.14.1): the class's ``device_type`` (a classmethod, a property read on the
+    class, or a string ``instantiate_device_type_tests`` set), then the private
+    ``_get_world_size(device_type)`` (the class's ``world_size``; unset: the device count). Raises ``unittest.SkipTest`` as torch does: no
     device, or a backend that is not available. Fallback without ``_get_world_size``: the class's ``world_size``.
     """
     import unittest
@@ -250,9 +250,9 @@ def torch_continuous_world_size(cls: Any) -> int:
 
 
 def torch_continuous_init(cls: Any, rank: int, world_size: int, rdvz_file: str) -> None:
-    """What a ``MultiProcContinuousTest`` worker does before its first test (``_worker_loop``, torch 2.7 - 2.13):
-    set the class's ``rank`` and ``world_size``, then the private classmethod ``_init_pg(rank, world_size,
-    rdvz_file)`` (subclasses override it: ``DTensorContinuousTestBase`` picks the device first). No public
+    """What a ``MultiProcContinuousTest`` worker does before its first test (``_worker_loop``, torch 2.7 -
+    2.14.1): set the class's ``rank`` and ``world_size``, then the private classmethod
+    ``_init_pg(rank, world_size, rdvz_file)`` (subclasses override it: ``DTensorContinuousTestBase`` picks the device first). No public
     entry. May raise ``SystemExit`` with one of torch's skip codes, as natively.
     """
     cls.rank = rank
@@ -263,6 +263,6 @@ def torch_continuous_init(cls: Any, rank: int, world_size: int, rdvz_file: str) 
 def torch_continuous_run(cls: Any, test_id: str) -> None:
     """What a ``MultiProcContinuousTest`` worker does for each test it is sent: the private classmethod
     ``_run_test_given_id(test_id)`` (a fresh instance with the class's rank and world size, torch's seed,
-    the method; torch 2.7 - 2.13). No public entry.
+    the method; torch 2.7 - 2.14.1). No public entry.
     """
     cls._run_test_given_id(test_id)

@@ -12,19 +12,19 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Iterable
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
 from pytest_sprite.assertions.numeric import json_safe
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.distribution import DISTRIBUTION, installed_version
 from pytest_sprite.report.store import TestEntry
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "build_document", "check_target", "load_schema", "write_document"]
 
 SCHEMA_VERSION: Final = 1
 SCHEMA_PATH: Final = Path(__file__).with_name("report.schema.json")
-_PACKAGES: Final = ("pytest", "pytest-sprite", "torch", "lightning", "pytest-xdist")
+_PACKAGES: Final = ("pytest", DISTRIBUTION, "torch", "lightning", "pytest-xdist")
 
 
 def load_schema() -> dict[str, Any]:
@@ -46,13 +46,6 @@ def check_target(path: str, *, overwrite: bool) -> Path:
             "pass a new path or add --sprite-report-overwrite"
         )
     return target
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def build_document(
@@ -84,7 +77,7 @@ def build_document(
         "environment": {
             "Python": platform.python_version(),
             "Platform": platform.platform(),
-            "packages": {name: _version(name) for name in _PACKAGES},
+            "packages": {name: installed_version(name) for name in _PACKAGES},
             "launcher": launcher,
             "world_size": world_size,
             "devices": {

@@ -95,7 +95,7 @@ RULES: dict[str, tuple[str, ...]] = {
     # Crash consistency: targets that train with the recipes, judged by the assertions.
     "chaos": ("assertions", "env", "errors", "lightning", "plumbing", "recipes", "subworld", "world"),
     # Reports render the assertions' results and re-judge stored records.
-    "report": ("assertions", "errors", "glue", "recipes", "records"),
+    "report": ("assertions", "errors", "glue", "plumbing", "recipes", "records"),
     # torch's multiprocess test classes as ranks tests.
     "torch_tests": ("errors", "glue", "plumbing"),
     # Hosts on one machine: namespaces and a launcher, nothing of the harness but where the package lives.
