@@ -30,7 +30,7 @@ from pytest_sprite.recipes.fit_kit import (
     data_parallel_part,
     fit_numerics,
     frozen,
-    full_tensor,
+    full_many,
     global_norm,
     lightning_kwargs,
     make_trainer,
@@ -106,6 +106,7 @@ class _ArmModule(PlantedModule):
         self._mesh_factory = mesh_factory
 
     def configure_model(self) -> None:
+        self.leave_unsynchronized(tuple(n for n, _ in trainable(self.net)), ddp=self._plan.arm == "ddp")
         if not self._shard:
             return
         mesh = self.device_mesh if self.device_mesh is not None else self._mesh_factory()
@@ -129,8 +130,7 @@ class _ArmModule(PlantedModule):
         trainables, frozen_params = trainable(self.net), frozen(self.net)
         self.trace.trainable_names = tuple(n for n, _ in trainables)
         self.trace.frozen_names = tuple(n for n, _ in frozen_params)
-        self.trace.initial = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainables}
-        self.trace.frozen_initial = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen_params}
+        self.trace.initial, self.trace.frozen_initial = _snapshot(trainables, frozen_params)
         self.trace.strategy = strategy_name(self.trainer)
 
     def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor:
@@ -148,12 +148,23 @@ class _ArmModule(PlantedModule):
         self.trace.pre.append(global_norm([p for _, p in trainables]))
 
     def on_train_end(self) -> None:
-        self.trace.final = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainable(self.net)}
-        self.trace.frozen_final = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen(self.net)}
+        self.trace.final, self.trace.frozen_final = _snapshot(trainable(self.net), frozen(self.net))
         h = hashlib.sha256()
         for n in self.trace.trainable_names:
             h.update(tensor_digest(self.trace.final[n]).encode())
         self.trace.final_digest = h.hexdigest()
+
+
+def _snapshot(
+    trainables: list[tuple[str, torch.nn.Parameter]], frozen_params: list[tuple[str, torch.nn.Parameter]]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Whole CPU copies of the trainables and digests of the frozen tensors, in one gather of sharded state."""
+    values = full_many([p.detach() for _, p in trainables + frozen_params])
+    copies = {n: v.to("cpu", copy=True) for (n, _), v in zip(trainables, values, strict=False)}
+    digests = {
+        n: tensor_digest(v) for (n, _), v in zip(frozen_params, values[len(trainables) :], strict=True)
+    }
+    return copies, digests
 
 
 def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:

@@ -27,7 +27,6 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.faults import PlantSite, plant
 from pytest_sprite.plumbing.dependency_internals import (
     ddp_comm_hook_names,
-    ddp_ignore_parameters,
     ddp_logging_data,
     fsdp_mixed_precision,
 )
@@ -137,10 +136,7 @@ class _Bf16Module(PlantedModule):
     # --- setup ---------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
-        if unsynchronized and self._kind == "ddp":
-            # a trainable DDP ignores keeps its local gradient: the bug local-adapter plants
-            ddp_ignore_parameters(self, [f"net.{name}" for name in unsynchronized])
+        self.leave_unsynchronized(self._sites.adapters, ddp=self._kind == "ddp")
         if self._kind != "fsdp":
             return
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())

@@ -1,10 +1,13 @@
 """The LightningModule both arm kits start from: a recipe's model, its rows and the fault planted into it.
 
+Every arm, FP32 or BF16, calls each :class:`~pytest_sprite.faults.Planter` hook at its point of the step;
+the hooks that act on the module itself (which trainables gradient sync leaves out) live here, once.
 Loaded only with ``_arm`` and ``_bf16_arm`` (it imports Lightning at the top).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pytest_sprite.faults import Planter, PlantSite
+from pytest_sprite.plumbing.dependency_internals import ddp_ignore_parameters
 from pytest_sprite.recipes.fit_kit import ArmRecipe, IndexedRows, collate_indexed, shard_batches
 
 __all__ = ["PlantedModule"]
@@ -51,3 +55,11 @@ class PlantedModule(pl.LightningModule):
         return DataLoader(
             IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
         )
+
+    def leave_unsynchronized(self, candidates: Sequence[str], *, ddp: bool) -> None:
+        """The planter's ``unsynchronized`` hook, called by every arm before the strategy wraps the model: the
+        trainables it names (of ``candidates``) are left out of a ddp arm's gradient synchronization, so they
+        keep their local gradients (the bug local-adapter plants); other arms have no sync to leave."""
+        unsynchronized = self._planter.unsynchronized(candidates, self._site)
+        if unsynchronized and ddp:
+            ddp_ignore_parameters(self, [f"net.{name}" for name in unsynchronized])
