@@ -12,7 +12,6 @@ unshuffled DistributedSampler would. A strategy that reports the wrong ranks the
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,20 +19,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_sprite.faults import PlantSite, plant
-from pytest_sprite.recipes._planted import PlantedModule
+from pytest_sprite.recipes._planted import PlantedModule, arm_strategy, check_steps, fit_planted, planted_at
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
     arm_record_fields,
     check_loss,
     data_parallel_part,
-    fit_numerics,
     frozen,
     full_many,
     global_norm,
-    lightning_kwargs,
-    make_trainer,
     share_from_rank0,
     strategy_name,
     trainable,
@@ -171,10 +166,9 @@ def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
     plan, world = fit.plan, fit.world
     kind, world_size = (plan.arm, world.size) if distributed else ("single", 1)
     ident = plan.identity
-    kwargs = lightning_kwargs(kind, world, plan.precision)
-    if fit.strategy is not None:
-        kwargs["strategy"] = fit.strategy
-    site = PlantSite(
+    strategy = arm_strategy(kind, world, plan.precision, fit.strategy)
+    planter, site = planted_at(
+        plan.fault,
         arm=plan.arm,
         rank=world.rank,
         world_size=world_size,
@@ -188,32 +182,22 @@ def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
         plan=plan,
         world_size=world_size,
         micro_batch=ident.global_batch // (world_size * plan.accumulate),
-        planter=plant(plan.fault, site),
+        planter=planter,
         site=site,
         shard=kind == "fsdp",
         mesh_factory=lambda: data_parallel_mesh(world),
     )
-    with tempfile.TemporaryDirectory(prefix="sprite-arm-") as root, fit_numerics():
-        trainer = make_trainer(
-            kwargs,
-            root=root,
-            max_epochs=1,
-            max_steps=ident.steps,
-            clip=ident.clip,
-            accumulate=plan.accumulate,
-        )
-        trainer.fit(module)
+    fit_planted(module, strategy, steps=ident.steps, clip=ident.clip, accumulate=plan.accumulate)
     trace = module.trace
-    if (
-        len(trace.pre) != ident.steps
-        or len(trace.post) != ident.steps
-        or sorted(trace.rows) != list(range(ident.steps))
-    ):
-        raise RuntimeError(
-            f"arm {plan.arm!r} on rank {world.rank} trained {len(trace.post)} optimizer steps "
-            f"(pre-clip norms for {len(trace.pre)}, rows for steps {sorted(trace.rows)}), the recipe asks for "
-            f"{ident.steps}; the strategy skipped or added optimizer steps"
-        )
+    rows = sorted(trace.rows)
+    check_steps(
+        plan.arm,
+        world.rank,
+        took=len(trace.post),
+        steps=ident.steps,
+        complete=len(trace.pre) == ident.steps and rows == list(range(ident.steps)),
+        detail=f" (pre-clip norms for {len(trace.pre)}, rows for steps {rows})",
+    )
     return trace
 
 
