@@ -1,9 +1,11 @@
 """The fault registry: every fault pytest-sprite plants, each one entry that says what, where and who catches it.
 
-An entry names the fault, the arms it may be planted on, the checks that must reject it (``by``) and its
-:class:`Planter`, whose hooks the arms call at fixed points of the training step. The arms plant through
-:func:`plant`; ``expect_fault_rejected`` judges through :func:`get_fault`. Both the recipes and the
-assertions import this module, and it imports neither (nor torch at import time).
+An entry (:class:`Fault`) names the fault, the arms it may be planted on, the checks that must reject it
+(``by``) and its :class:`Planter`, whose hooks the arms call at fixed points of the training step. The
+registry is filled once per session by the ``pytest_sprite_add_faults`` hook: the built-in faults register
+through it like a project's. The arms plant through :func:`plant`; ``expect_fault_rejected`` judges through
+:func:`get_fault`; :func:`registered_faults` lists them all. Both the recipes and the assertions import this
+module, and it imports neither (nor torch at import time).
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+import pytest
+
 from pytest_sprite.errors import SpriteUsageError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CLEAN", "FAULTS", "Fault", "PlantSite", "Planter", "get_fault", "plant"]
+__all__ = [
+    "BUILTIN_FAULTS",
+    "CLEAN",
+    "FAULTS",
+    "Fault",
+    "FaultRegistry",
+    "PlantSite",
+    "Planter",
+    "collect_faults",
+    "get_fault",
+    "plant",
+    "registered_faults",
+    "restore_faults",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,86 +248,139 @@ class Fault:
         self.planter.check(site)
 
 
-FAULTS: Final[dict[str, Fault]] = {
-    f.name: f
-    for f in (
-        Fault(
-            name="missing-rank",
-            description="the last rank's loss is multiplied by 0, so its gradient never reaches the average",
-            arms=("ddp", "fsdp"),
-            by=("pre_norm",),
-            planter=_DropLastRank(),
-            by_assertion={"criterion_v2": ("pre_norm", "gradients")},
+BUILTIN_FAULTS: Final[tuple[Fault, ...]] = (
+    Fault(
+        name="missing-rank",
+        description="the last rank's loss is multiplied by 0, so its gradient never reaches the average",
+        arms=("ddp", "fsdp"),
+        by=("pre_norm",),
+        planter=_DropLastRank(),
+        by_assertion={"criterion_v2": ("pre_norm", "gradients")},
+    ),
+    Fault(
+        name="wrong-scale",
+        description="every rank's loss is multiplied by N (the world size), so gradients are summed, not averaged",
+        arms=("ddp", "fsdp"),
+        by=("pre_norm",),
+        planter=_SumOverRanks(),
+        by_assertion={"criterion_v2": ("pre_norm", "gradients")},
+    ),
+    Fault(
+        name="accumulate-sum",
+        description=(
+            "gradient accumulation skips the division by the k micro-batches, so the step uses k times the mean"
         ),
-        Fault(
-            name="wrong-scale",
-            description="every rank's loss is multiplied by N (the world size), so gradients are summed, not averaged",
-            arms=("ddp", "fsdp"),
-            by=("pre_norm",),
-            planter=_SumOverRanks(),
-            by_assertion={"criterion_v2": ("pre_norm", "gradients")},
-        ),
-        Fault(
-            name="accumulate-sum",
-            description=(
-                "gradient accumulation skips the division by the k micro-batches, so the step uses k times the mean"
-            ),
-            arms=("ddp", "fsdp"),
-            by=("pre_norm",),
-            planter=_SumMicroBatches(),
-        ),
-        Fault(
-            name="fp32-backbone",
-            description="the backbone's forward runs without autocast, so its Linear layers compute in FP32",
-            arms=("ddp",),
-            by=("dtype",),
-            planter=_Fp32Backbone(),
-        ),
-        Fault(
-            name="local-adapter",
-            description="one LoRA tensor is left out of DDP, so it keeps its local, unsynchronized gradient",
-            arms=("ddp",),
-            by=("synchronized",),
-            planter=_LocalAdapter(),
-        ),
-        Fault(
-            name="scale-grad",
-            description="gradients are multiplied by N (the world size) after synchronization",
-            arms=("ddp",),
-            by=("pre_norm", "gradients"),
-            planter=_ScaleGrad(),
-        ),
-        Fault(
-            name="skip-update",
-            description="ranks other than 0 skip the last update",
-            arms=("ddp",),
-            by=("synchronized",),
-            planter=_SkipLastUpdate(),
-        ),
-        Fault(
-            name="dropped-optimizer-state",
-            description="the optimizer state is dropped right after the checkpoint restore",
-            arms=("resume",),
-            by=("optimizer_state",),
-            planter=_DropOptimizerState(),
-        ),
-        Fault(
-            name="reset-lr-scheduler",
-            description="the LR scheduler restarts from step 0 right after the checkpoint restore",
-            arms=("resume",),
-            by=("lr_scheduler", "lr"),
-            planter=_ResetScheduler(),
-        ),
-        Fault(
-            name="perturbed-weight",
-            description="a trainable weight moves by 1e-3 right after the checkpoint restore",
-            arms=("resume",),
-            by=("trainables",),
-            planter=_PerturbWeight(),
-        ),
-    )
-}
-"""Every fault pytest-sprite plants, by name."""
+        arms=("ddp", "fsdp"),
+        by=("pre_norm",),
+        planter=_SumMicroBatches(),
+    ),
+    Fault(
+        name="fp32-backbone",
+        description="the backbone's forward runs without autocast, so its Linear layers compute in FP32",
+        arms=("ddp",),
+        by=("dtype",),
+        planter=_Fp32Backbone(),
+    ),
+    Fault(
+        name="local-adapter",
+        description="one LoRA tensor is left out of DDP, so it keeps its local, unsynchronized gradient",
+        arms=("ddp",),
+        by=("synchronized",),
+        planter=_LocalAdapter(),
+    ),
+    Fault(
+        name="scale-grad",
+        description="gradients are multiplied by N (the world size) after synchronization",
+        arms=("ddp",),
+        by=("pre_norm", "gradients"),
+        planter=_ScaleGrad(),
+    ),
+    Fault(
+        name="skip-update",
+        description="ranks other than 0 skip the last update",
+        arms=("ddp",),
+        by=("synchronized",),
+        planter=_SkipLastUpdate(),
+    ),
+    Fault(
+        name="dropped-optimizer-state",
+        description="the optimizer state is dropped right after the checkpoint restore",
+        arms=("resume",),
+        by=("optimizer_state",),
+        planter=_DropOptimizerState(),
+    ),
+    Fault(
+        name="reset-lr-scheduler",
+        description="the LR scheduler restarts from step 0 right after the checkpoint restore",
+        arms=("resume",),
+        by=("lr_scheduler", "lr"),
+        planter=_ResetScheduler(),
+    ),
+    Fault(
+        name="perturbed-weight",
+        description="a trainable weight moves by 1e-3 right after the checkpoint restore",
+        arms=("resume",),
+        by=("trainables",),
+        planter=_PerturbWeight(),
+    ),
+)
+"""The faults pytest-sprite ships (registered through ``pytest_sprite_add_faults`` like a project's)."""
+
+
+class FaultRegistry:
+    """What ``pytest_sprite_add_faults`` fills: every fault a session may plant, by name, in the order added."""
+
+    def __init__(self) -> None:
+        self.faults: dict[str, Fault] = {}
+
+    def add(self, fault: Fault) -> None:
+        """Register ``fault``; a name added twice is an error (a fault means one thing in a session)."""
+        if fault.name in self.faults:
+            raise SpriteUsageError(
+                f"fault {fault.name!r} is registered twice (pytest_sprite_add_faults); give the new one another name"
+            )
+        self.faults[fault.name] = fault
+
+
+@pytest.hookimpl(tryfirst=True)  # the built-ins first in every list
+def pytest_sprite_add_faults(faults: FaultRegistry) -> None:
+    """The built-in faults, registered like a project's."""
+    for fault in BUILTIN_FAULTS:
+        faults.add(fault)
+
+
+FAULTS: Final[dict[str, Fault]] = {f.name: f for f in BUILTIN_FAULTS}
+"""The one fault registry: every fault this session plants, by name (the built-ins until a session collects)."""
+
+_faults_key: Final = pytest.StashKey[dict[str, Fault]]()
+
+
+def collect_faults(config: pytest.Config) -> Mapping[str, Fault]:
+    """Ask every plugin for its faults (``pytest_sprite_add_faults``) and make them the registry, once per session.
+
+    The session's faults replace :data:`FAULTS`' entries in place (every process of the session, forks included,
+    reads them there); :func:`restore_faults` puts the previous entries back when the session ends.
+    """
+    registry = FaultRegistry()
+    config.hook.pytest_sprite_add_faults(faults=registry)
+    config.stash[_faults_key] = dict(FAULTS)
+    FAULTS.clear()
+    FAULTS.update(registry.faults)
+    return registry.faults
+
+
+def restore_faults(config: pytest.Config) -> None:
+    """Put back the registry :func:`collect_faults` replaced (a pytest session run inside another one)."""
+    previous = config.stash.get(_faults_key, None)
+    if previous is not None:
+        FAULTS.clear()
+        FAULTS.update(previous)
+
+
+def registered_faults() -> Mapping[str, Fault]:
+    """Every fault the running session may plant, by name, built-in and registered by plugins alike."""
+    return dict(FAULTS)
+
 
 _RESERVED: Final[dict[str, str]] = {}
 """The seed's faults that a later version plants; each becomes a :data:`FAULTS` entry and leaves this table."""

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = ["pytest_sprite_before_fork", "pytest_sprite_report"]
+if TYPE_CHECKING:
+    from .faults import FaultRegistry
+    from .launch.launchers import LauncherRegistry
+    from .report.kinds import ReportTables
+
+__all__ = [
+    "pytest_sprite_add_faults",
+    "pytest_sprite_add_launchers",
+    "pytest_sprite_add_report_tables",
+    "pytest_sprite_before_fork",
+    "pytest_sprite_report",
+]
 
 
 @pytest.hookspec
@@ -29,4 +40,34 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     objects or import modules here; never touch a device or make a process group, as every process
     forked from this one must start fresh. The ``lora_qwen`` fixture builds its model here when a
     collected test uses it (issue 22: a build per test child and per sub-world zygote before).
+    """
+
+
+@pytest.hookspec
+def pytest_sprite_add_launchers(launchers: LauncherRegistry) -> None:
+    """Add ``--launcher`` values: ``launchers.add("flux", FluxLauncher)``.
+
+    The value is a class implementing :class:`~pytest_sprite.launch.launchers.base.Launcher` (any callable
+    returning a fresh one), or ``"module:Class"``, imported only when a session launches with it. Called once
+    per session at configure, before ``--launcher`` is validated; the built-in launchers register here too.
+    """
+
+
+@pytest.hookspec
+def pytest_sprite_add_faults(faults: FaultRegistry) -> None:
+    """Add planted faults: ``faults.add(Fault(name=..., arms=..., by=..., planter=...))``.
+
+    A :class:`~pytest_sprite.faults.Fault` names its :class:`~pytest_sprite.faults.Planter`, the arms it may be
+    planted on and the checks that must reject it; ``run(fault=name)`` plants it and ``expect_fault_rejected``
+    judges it. Called once per session at configure, in every process; the built-in faults register here too.
+    """
+
+
+@pytest.hookspec
+def pytest_sprite_add_report_tables(tables: ReportTables) -> None:
+    """Add the report table of an assertion kind: ``tables.add(Kind(kind=..., title=..., headers=..., rows=...))``.
+
+    ``rows`` turns one ``to_dict()`` payload whose ``kind`` matches into table rows with their verdicts; the
+    terminal tables and the JUnit properties read it. Called the first time a report shows an assertion, in
+    the controller; the built-in tables register here too.
     """

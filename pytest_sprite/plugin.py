@@ -19,7 +19,13 @@ from .glue.options import Settings, register_options, settings_key
 from .glue.pytest_timeout import register_timeout_bridge
 from .glue.results import ResultsPlugin
 
-pytest_plugins = ["pytest_sprite.fixtures", "pytest_sprite.recipes.fixtures"]
+pytest_plugins = [
+    "pytest_sprite.fixtures",
+    "pytest_sprite.recipes.fixtures",
+    # The built-in launchers and faults register through the same hooks as a project's.
+    "pytest_sprite.launch.launchers",
+    "pytest_sprite.faults",
+]
 
 RANKS_MARKER_HELP = (
     "ranks(n, timeout=None, init=True): run the test body on n ranks, each a fresh process with torch.distributed "
@@ -69,10 +75,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from .faults import collect_faults
+    from .launch.launchers import collect_launchers
+
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
     try:
-        settings = Settings.from_config(config)
+        collect_faults(config)
+        launchers = collect_launchers(config)
+        settings = Settings.from_config(config, launchers=launchers.names)
     except SpriteUsageError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[settings_key] = settings
@@ -107,7 +118,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A ``pytest`` process ends without the C++ static destructors of what it loaded (torch's: 0.15-0.2 s on
     the 2-core test machine after the session has said everything; ``SPRITE_FAST_EXIT=0`` keeps them). Not
-    when pytest runs inside another program (``pytest.main``), whose own exit is its business."""
+    when pytest runs inside another program (``pytest.main``), whose own exit is its business; that program
+    gets its fault registry back."""
+    from .faults import restore_faults
+
+    restore_faults(config)
     if _runs_as_pytest():
         from .plumbing.process import skip_static_destructors_at_exit
 

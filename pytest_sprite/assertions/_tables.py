@@ -22,7 +22,6 @@ __all__ = [
     "format_figure",
     "format_limit",
     "pass_or_fail_kind",
-    "pass_or_fail_verdict",
     "render_table",
 ]
 
@@ -120,20 +119,9 @@ class Kind:
     not PASS), for ``judge``'s account of verdicts that changed."""
 
 
-def pass_or_fail_verdict(item: Mapping[str, Any]) -> str:
-    """``pass`` / ``FAIL`` for a clean item; ``rejected`` / ``NOT REJECTED`` for an item carrying a fault.
-
-    A planted fault is meant to fail the check (``expect_fault_rejected``); a faulted item that passes is
-    the failure.
-    """
-    if item.get("fault"):
-        return "NOT REJECTED" if item["passed"] else "rejected"
-    return "pass" if item["passed"] else "FAIL"
-
-
 def pass_or_fail_kind(
     kind: str, title: str, headers: tuple[str, ...], rows: Callable[[Mapping[str, Any]], list[Row]]
 ) -> Kind:
-    """A :class:`Kind` whose rows are judged by :func:`pass_or_fail_verdict` (``FAIL``, ``NOT REJECTED`` fail)."""
+    """A :class:`Kind` whose rows read ``pass`` / ``FAIL``, or a fault's verdict (``FAIL``, ``NOT REJECTED`` fail)."""
     bad, order = frozenset({"FAIL", "NOT REJECTED"}), ("pass", "FAIL", "rejected", "NOT REJECTED")
     return Kind(kind=kind, title=title, headers=headers, rows=rows, bad_verdicts=bad, verdict_order=order)

@@ -1,9 +1,11 @@
 """``expect_fault_rejected``: proof that an assertion catches a planted bug, judged by the fault registry.
 
-A negative control only counts when the assertion fails *because of* the fault: the failing checks must
-sit on arms that carry it, and no clean arm may fail in the same assertion (then the failure could have
-any cause), and the checks the registry (``pytest_sprite.faults``) lists for the fault, or ``by=``, must be
-among the failed ones. A block that passes, or fails for an unrelated reason, fails the test instead.
+A negative control only counts when the assertion fails *because of* the fault, as the one verdict on a
+planted fault decides (:func:`~pytest_sprite.assertions.fault_verdict.fault_verdict`, which the report
+tables read too): the failing checks must sit on arms that carry it, no clean arm may fail in the same
+assertion (then the failure could have any cause), and the checks the registry (``pytest_sprite.faults``)
+lists for the fault, or ``by=``, must be among the failed ones. A block that passes, or fails for an
+unrelated reason, fails the test instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.criterion_v2 import CRITERION_CHECKS
+from pytest_sprite.assertions.fault_verdict import fault_verdict
 from pytest_sprite.assertions.parity import PARITY_CHECKS
 from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
@@ -121,32 +124,27 @@ class expect_fault_rejected:
         return True
 
     def _attribute(self, exc: AssertionFailure) -> FaultRejection:
-        on_fault = [f for f in exc.failed if f.fault == self.fault]
-        elsewhere = [f for f in exc.failed if f.fault != self.fault]
-        if elsewhere:
-            listed = "; ".join(f"{f.arm}: {f.check}" for f in elsewhere)
+        kind = getattr(exc.result, "kind", None)
+        verdict = fault_verdict(
+            self.fault, exc.failed, kind=kind if isinstance(kind, str) else None, by=self._by
+        )
+        if verdict.elsewhere:
+            listed = "; ".join(f"{f.arm}: {f.check}" for f in verdict.elsewhere)
             raise FaultNotRejected(
                 f"fault {self.fault!r}: the assertion failed, but also on arms that do not carry the fault "
                 f"({listed}), so the failure cannot be attributed to it. Fix those arms first.\n\n{exc}"
             ) from exc
-        if not on_fault:
+        if not verdict.checks:
             raise FaultNotRejected(
                 f"fault {self.fault!r}: the assertion failed without a failed check on an arm that carries the fault; "
                 f'run the arm with fault="{self.fault}".\n\n{exc}'
             ) from exc
-        checks = tuple(dict.fromkeys(f.check for f in on_fault))
-        kind = getattr(exc.result, "kind", None)
-        required = (
-            self._by
-            if self._by is not None
-            else self._entry.checks_for(kind if isinstance(kind, str) else None)
-        )
-        missing = [c for c in required if c not in checks]
-        if missing:
+        if not verdict.rejected:
             raise FaultNotRejected(
-                f"fault {self.fault!r} was rejected by {', '.join(checks)}, but by= requires "
-                f"{', '.join(missing)} among them.\n\n{exc}"
+                f"fault {self.fault!r} was rejected by {', '.join(verdict.checks)}, but by= requires "
+                f"{', '.join(verdict.missing)} among them.\n\n{exc}"
             ) from exc
+        on_fault = tuple(f for f in exc.failed if f.fault == self.fault)
         return FaultRejection(
-            fault=self.fault, checks=checks, failed=tuple(on_fault), message=str(exc), result=exc.result
+            fault=self.fault, checks=verdict.checks, failed=on_fault, message=str(exc), result=exc.result
         )

@@ -23,9 +23,9 @@ from pytest_sprite.assertions._tables import (
     format_figure,
     format_limit,
     pass_or_fail_kind,
-    pass_or_fail_verdict,
     render_table,
 )
+from pytest_sprite.assertions.fault_verdict import item_verdict
 from pytest_sprite.assertions.numeric import bit_equal, finite_or_repr, rel, rel_l2
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.results import record_assertion
@@ -196,9 +196,10 @@ def parity_cells(arm: Mapping[str, Any], rtol_cell: str) -> tuple[str, ...]:
     )
 
 
-def parity_verdict(arm: Mapping[str, Any]) -> str:
-    """``pass`` / ``FAIL`` for a clean arm; ``rejected`` / ``NOT REJECTED`` for an arm carrying a fault."""
-    return pass_or_fail_verdict(arm)
+def parity_verdict(arm: Mapping[str, Any], payload: Mapping[str, Any]) -> str:
+    """``pass`` / ``FAIL`` for a clean arm; the fault's verdict (``rejected`` / ``NOT REJECTED``) for an arm
+    carrying one, judged from every check the assertion failed."""
+    return item_verdict(arm, payload)
 
 
 def parity_rows(payload: Mapping[str, Any]) -> list[Row]:
@@ -207,7 +208,7 @@ def parity_rows(payload: Mapping[str, Any]) -> list[Row]:
     return [
         Row(
             cells=parity_cells(arm, rtol),
-            verdict=parity_verdict(arm),
+            verdict=parity_verdict(arm, payload),
             figures={
                 "pre_norm_rel": arm["pre_norm_rel"],
                 "post_norm_rel": arm["post_norm_rel"],

@@ -22,7 +22,6 @@ from .markers import parse_positive_int, parse_timeout
 
 __all__ = [
     "DEFAULT_TIMEOUT_SOURCE",
-    "LAUNCHER_NAMES",
     "OPTIONS",
     "QWEN_PATH_ENV",
     "Settings",
@@ -31,8 +30,6 @@ __all__ = [
     "settings_key",
 ]
 
-LAUNCHER_NAMES: Final = ("local", "mpiexec", "pals", "srun", "torchrun")
-"""The ``--launcher`` values; ``launch.launchers`` maps each to its module."""
 QWEN_PATH_ENV: Final = "SPRITE_QWEN_PATH"
 """The environment variable that names real Qwen2 weights (``--qwen-path``)."""
 
@@ -340,8 +337,11 @@ class Settings:
     """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
 
     @classmethod
-    def from_config(cls, config: pytest.Config) -> Settings:
-        """Read and validate every setting; raises SpriteUsageError naming the source."""
+    def from_config(cls, config: pytest.Config, *, launchers: Sequence[str]) -> Settings:
+        """Read and validate every setting; raises SpriteUsageError naming the source.
+
+        ``launchers``: the ``--launcher`` values the session's launcher registry holds.
+        """
         opts = {opt.dest: opt for opt in OPTIONS}
 
         def get(dest: str) -> tuple[Any, str] | None:
@@ -350,10 +350,10 @@ class Settings:
         ranks = get("sprite_ranks")
         launcher = get("sprite_launcher")
         launcher_name = str(launcher[0]).strip() if launcher else "local"
-        if launcher_name not in LAUNCHER_NAMES:
+        if launcher_name not in launchers:
             where = launcher[1] if launcher else "--launcher"
             raise SpriteUsageError(
-                f"{where}={launcher_name!r} is not a known launcher; valid launchers: {', '.join(LAUNCHER_NAMES)}"
+                f"{where}={launcher_name!r} is not a known launcher; valid launchers: {', '.join(launchers)}"
             )
         timeout = get("sprite_rank_timeout")
         grace = get("sprite_rank_grace")

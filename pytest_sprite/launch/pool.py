@@ -100,7 +100,7 @@ class AgentPool:
         tests themselves, so the controller may launch them before its own collection and let the two
         overlap (``Controller.pytest_collection``).
         """
-        launcher = get_launcher(self.settings.launcher)
+        launcher = get_launcher(self.config, self.settings.launcher)
         launcher.check()
         spans = launcher.spans_nodes
         bind_host = "0.0.0.0" if spans else "127.0.0.1"

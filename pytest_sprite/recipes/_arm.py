@@ -12,7 +12,6 @@ unshuffled DistributedSampler would. A strategy that reports the wrong ranks the
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,20 +19,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_sprite.faults import PlantSite, plant
-from pytest_sprite.recipes._planted import PlantedModule
+from pytest_sprite.recipes._planted import PlantedModule, arm_strategy, check_steps, fit_planted, planted_at
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
     arm_record_fields,
     check_loss,
     data_parallel_part,
-    fit_numerics,
     frozen,
-    full_tensor,
+    full_many,
     global_norm,
-    lightning_kwargs,
-    make_trainer,
     share_from_rank0,
     strategy_name,
     trainable,
@@ -106,6 +101,7 @@ class _ArmModule(PlantedModule):
         self._mesh_factory = mesh_factory
 
     def configure_model(self) -> None:
+        self.leave_unsynchronized(tuple(n for n, _ in trainable(self.net)), ddp=self._plan.arm == "ddp")
         if not self._shard:
             return
         mesh = self.device_mesh if self.device_mesh is not None else self._mesh_factory()
@@ -129,8 +125,7 @@ class _ArmModule(PlantedModule):
         trainables, frozen_params = trainable(self.net), frozen(self.net)
         self.trace.trainable_names = tuple(n for n, _ in trainables)
         self.trace.frozen_names = tuple(n for n, _ in frozen_params)
-        self.trace.initial = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainables}
-        self.trace.frozen_initial = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen_params}
+        self.trace.initial, self.trace.frozen_initial = _snapshot(trainables, frozen_params)
         self.trace.strategy = strategy_name(self.trainer)
 
     def training_step(self, batch: tuple[list[int], Any], batch_idx: int) -> torch.Tensor:
@@ -148,22 +143,32 @@ class _ArmModule(PlantedModule):
         self.trace.pre.append(global_norm([p for _, p in trainables]))
 
     def on_train_end(self) -> None:
-        self.trace.final = {n: full_tensor(p.detach()).to("cpu", copy=True) for n, p in trainable(self.net)}
-        self.trace.frozen_final = {n: tensor_digest(full_tensor(p.detach())) for n, p in frozen(self.net)}
+        self.trace.final, self.trace.frozen_final = _snapshot(trainable(self.net), frozen(self.net))
         h = hashlib.sha256()
         for n in self.trace.trainable_names:
             h.update(tensor_digest(self.trace.final[n]).encode())
         self.trace.final_digest = h.hexdigest()
 
 
+def _snapshot(
+    trainables: list[tuple[str, torch.nn.Parameter]], frozen_params: list[tuple[str, torch.nn.Parameter]]
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Whole CPU copies of the trainables and digests of the frozen tensors, in one gather of sharded state."""
+    values = full_many([p.detach() for _, p in trainables + frozen_params])
+    copies = {n: v.to("cpu", copy=True) for (n, _), v in zip(trainables, values, strict=False)}
+    digests = {
+        n: tensor_digest(v) for (n, _), v in zip(frozen_params, values[len(trainables) :], strict=True)
+    }
+    return copies, digests
+
+
 def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
     plan, world = fit.plan, fit.world
     kind, world_size = (plan.arm, world.size) if distributed else ("single", 1)
     ident = plan.identity
-    kwargs = lightning_kwargs(kind, world, plan.precision)
-    if fit.strategy is not None:
-        kwargs["strategy"] = fit.strategy
-    site = PlantSite(
+    strategy = arm_strategy(kind, world, plan.precision, fit.strategy)
+    planter, site = planted_at(
+        plan.fault,
         arm=plan.arm,
         rank=world.rank,
         world_size=world_size,
@@ -177,32 +182,22 @@ def _fit(fit: ArmFit, *, distributed: bool) -> _Trace:
         plan=plan,
         world_size=world_size,
         micro_batch=ident.global_batch // (world_size * plan.accumulate),
-        planter=plant(plan.fault, site),
+        planter=planter,
         site=site,
         shard=kind == "fsdp",
         mesh_factory=lambda: data_parallel_mesh(world),
     )
-    with tempfile.TemporaryDirectory(prefix="sprite-arm-") as root, fit_numerics():
-        trainer = make_trainer(
-            kwargs,
-            root=root,
-            max_epochs=1,
-            max_steps=ident.steps,
-            clip=ident.clip,
-            accumulate=plan.accumulate,
-        )
-        trainer.fit(module)
+    fit_planted(module, strategy, steps=ident.steps, clip=ident.clip, accumulate=plan.accumulate)
     trace = module.trace
-    if (
-        len(trace.pre) != ident.steps
-        or len(trace.post) != ident.steps
-        or sorted(trace.rows) != list(range(ident.steps))
-    ):
-        raise RuntimeError(
-            f"arm {plan.arm!r} on rank {world.rank} trained {len(trace.post)} optimizer steps "
-            f"(pre-clip norms for {len(trace.pre)}, rows for steps {sorted(trace.rows)}), the recipe asks for "
-            f"{ident.steps}; the strategy skipped or added optimizer steps"
-        )
+    rows = sorted(trace.rows)
+    check_steps(
+        plan.arm,
+        world.rank,
+        took=len(trace.post),
+        steps=ident.steps,
+        complete=len(trace.pre) == ident.steps and rows == list(range(ident.steps)),
+        detail=f" (pre-clip norms for {len(trace.pre)}, rows for steps {rows})",
+    )
     return trace
 
 

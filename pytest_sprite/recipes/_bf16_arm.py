@@ -15,7 +15,6 @@ and its model's Linear sites, backbone module and adapter tensor (local-adapter)
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,25 +23,20 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import PlantSite, plant
 from pytest_sprite.plumbing.dependency_internals import (
     ddp_comm_hook_names,
-    ddp_ignore_parameters,
     ddp_logging_data,
     fsdp_mixed_precision,
 )
-from pytest_sprite.recipes._planted import PlantedModule
+from pytest_sprite.recipes._planted import PlantedModule, arm_strategy, check_steps, fit_planted, planted_at
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
     arm_record_fields,
     check_loss,
     data_parallel_part,
-    fit_numerics,
     frozen,
     full_many,
-    lightning_kwargs,
-    make_trainer,
     norm_of,
     share_from_rank0,
     strategy_name,
@@ -137,10 +131,7 @@ class _Bf16Module(PlantedModule):
     # --- setup ---------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
-        if unsynchronized and self._kind == "ddp":
-            # a trainable DDP ignores keeps its local gradient: the bug local-adapter plants
-            ddp_ignore_parameters(self, [f"net.{name}" for name in unsynchronized])
+        self.leave_unsynchronized(self._sites.adapters, ddp=self._kind == "ddp")
         if self._kind != "fsdp":
             return
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world())
@@ -408,11 +399,11 @@ def _fit(fit: Bf16Fit) -> _Trace:
     kind = plan.arm if plan.arm in ("ddp", "fsdp", "split", "split_premul") else "single"
     distributed = kind in ("ddp", "fsdp")
     world_size = world.size if distributed else 1
-    kwargs = lightning_kwargs(kind if distributed else "single", world, plan.precision)
-    if fit.strategy is not None:
-        kwargs["strategy"] = fit.strategy
     rank = world.rank if distributed else 0
-    site = PlantSite(arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision)
+    strategy = arm_strategy(kind if distributed else "single", world, plan.precision, fit.strategy)
+    planter, site = planted_at(
+        plan.fault, arm=plan.arm, rank=rank, world_size=world_size, accumulate=1, precision=plan.precision
+    )
     module = _Bf16Module(
         recipe=fit.recipe,
         net=fit.net,
@@ -422,20 +413,14 @@ def _fit(fit: Bf16Fit) -> _Trace:
         kind=kind,
         rank=rank,
         world_size=world_size,
-        planter=plant(plan.fault, site),
+        planter=planter,
         site=site,
     )
-    with tempfile.TemporaryDirectory(prefix="sprite-bf16-") as root, fit_numerics():
-        # manual optimization (the split arms) clips in the step, through the precision plugin
-        clip = ident.clip if module.automatic_optimization else None
-        trainer = make_trainer(kwargs, root=root, max_epochs=1, max_steps=ident.steps, clip=clip)
-        trainer.fit(module)
+    # manual optimization (the split arms) clips in the step, through the precision plugin
+    clip = ident.clip if module.automatic_optimization else None
+    fit_planted(module, strategy, steps=ident.steps, clip=clip)
     trace = module.trace
-    if len(trace.ranks) != ident.steps:
-        raise RuntimeError(
-            f"arm {plan.arm!r} on rank {world.rank} took {len(trace.ranks)} optimizer steps, the recipe asks for "
-            f"{ident.steps}; the strategy skipped or added optimizer steps"
-        )
+    check_steps(plan.arm, world.rank, took=len(trace.ranks), steps=ident.steps)
     return trace
 
 

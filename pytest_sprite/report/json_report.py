@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import platform
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from pytest_sprite.assertions.fault_verdict import fault_verdicts
 from pytest_sprite.assertions.numeric import json_safe
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.distribution import DISTRIBUTION, installed_version
@@ -103,8 +104,17 @@ def _test(entry: TestEntry) -> dict[str, Any]:
         if phase in entry.phases:
             test[phase] = dict(entry.phases[phase])
     test["ranks"] = [dict(r) for r in entry.ranks]
-    test["assertions"] = [dict(a) for a in entry.assertions]
+    test["assertions"] = [_with_fault_verdicts(a) for a in entry.assertions]
     return test
+
+
+def _with_fault_verdicts(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The payload, with the one verdict on each fault its arms carry (``fault_verdicts``) when they carry one."""
+    assertion = dict(payload)
+    verdicts = fault_verdicts(payload)
+    if verdicts:
+        assertion["fault_verdicts"] = [v.to_dict() for v in verdicts]
+    return assertion
 
 
 def write_document(document: dict[str, Any], path: str, *, overwrite: bool) -> Path:

@@ -2,23 +2,28 @@
 
 Every report form (terminal tables, JUnit properties, offline ``judge``) reads an assertion only through
 its ``to_dict()`` payload and the :class:`Kind` registered here for its ``kind``. A new assertion joins
-by registering one :class:`Kind` (``register_kind``): a title, the seed's column headers, and a function
-that turns one payload into rows, each with its verdict. Each assertion defines its own kind beside it
-(``PARITY_KIND``, ``CRITERION_KIND``, ``RESUME_KIND``); this module registers them. An unregistered kind
-still shows, in a generic table of its verdict. Pure: no torch, no pytest.
+by registering one :class:`Kind` through the ``pytest_sprite_add_report_tables`` hook: a title, the column
+headers, and a function that turns one payload into rows, each with its verdict. Each assertion defines its
+own kind beside it (``PARITY_KIND``, ``CRITERION_KIND``, ``RESUME_KIND``); this module registers them
+through the same hook. An unregistered kind still shows, in a generic table of its verdict. No torch.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
+
+import pytest
 
 from pytest_sprite.assertions._tables import Kind, Row, figure_cell
 from pytest_sprite.assertions.criterion.table import CRITERION_HEADERS, CRITERION_KIND, criterion_rows
 from pytest_sprite.assertions.parity import PARITY_HEADERS, PARITY_KIND, parity_rows, parity_verdict
 from pytest_sprite.assertions.resume.results import RESUME_GAPS, RESUME_HEADERS, RESUME_KIND, resume_rows
+from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [
+    "BUILTIN_KINDS",
     "CRITERION_HEADERS",
     "KINDS",
     "PARITY_HEADERS",
@@ -28,6 +33,7 @@ __all__ = [
     "Row",
     "criterion_rows",
     "get_kind",
+    "load_report_tables",
     "parity_rows",
     "parity_verdict",
     "register_kind",
@@ -36,13 +42,49 @@ __all__ = [
 
 
 KINDS: dict[str, Kind] = {}
-"""Kind name -> how to show it. Extend with :func:`register_kind`."""
+"""Kind name -> how to show it: the built-in tables, and a session's plugins' once a report loads them."""
+
+
+class ReportTables:
+    """What ``pytest_sprite_add_report_tables`` fills: one :class:`Kind` per assertion kind."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, Kind] = {}
+
+    def add(self, kind: Kind) -> None:
+        """Register the table of ``kind.kind``; a kind added twice is an error (one table per kind)."""
+        if kind.kind in self.kinds:
+            raise SpriteUsageError(
+                f"report table for assertion kind {kind.kind!r} is registered twice "
+                "(pytest_sprite_add_report_tables); one table per kind"
+            )
+        self.kinds[kind.kind] = kind
 
 
 def register_kind(kind: Kind) -> Kind:
-    """Add (or replace) a kind's table; returns it, so a module can keep a reference."""
+    """Add (or replace) a kind's table outside a session; returns it, so a module can keep a reference."""
     KINDS[kind.kind] = kind
     return kind
+
+
+_loaded_key: Final = pytest.StashKey[bool]()
+
+
+def load_report_tables(config: pytest.Config) -> None:
+    """Make the session's tables :data:`KINDS`: ask every plugin (``pytest_sprite_add_report_tables``), once.
+
+    Called the first time a report shows an assertion, so that a session without one loads no table code.
+    """
+    if config.stash.get(_loaded_key, False):
+        return
+    config.stash[_loaded_key] = True
+    module = sys.modules[__name__]
+    if not config.pluginmanager.is_registered(module):
+        config.pluginmanager.register(module, "sprite-report-tables")
+    tables = ReportTables()
+    config.hook.pytest_sprite_add_report_tables(tables=tables)
+    KINDS.clear()
+    KINDS.update(tables.kinds)
 
 
 def get_kind(name: str) -> Kind:
@@ -67,11 +109,6 @@ def _generic_rows(payload: Mapping[str, Any]) -> list[Row]:
         Row(cells=(str(passed),), verdict=verdict, figures={"passed": bool(passed)}, label=payload["kind"])
     ]
 
-
-# -- the assertions' own tables: each is defined once, beside its assertion -------------------------
-
-for _kind in (PARITY_KIND, CRITERION_KIND, RESUME_KIND):
-    register_kind(_kind)
 
 # -- crash consistency -----------------------------------------------------------------------------
 
@@ -166,17 +203,35 @@ def crash_rows(payload: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
-register_kind(
-    Kind(
-        kind="crash_consistency",
-        title="Crash consistency (every save's file events; PASS points counted, the others listed)",
-        headers=CRASH_HEADERS,
-        rows=crash_rows,
-        bad_verdicts=frozenset({"FAIL", "HARD_FAIL", "SILENT_DIVERGENCE"}),
-        verdict_order=("pass", "FAIL", *CRASH_VERDICTS),
-        unlisted="PASS (not listed)",
-    )
+CRASH_KIND: Final = Kind(
+    kind="crash_consistency",
+    title="Crash consistency (every save's file events; PASS points counted, the others listed)",
+    headers=CRASH_HEADERS,
+    rows=crash_rows,
+    bad_verdicts=frozenset({"FAIL", "HARD_FAIL", "SILENT_DIVERGENCE"}),
+    verdict_order=("pass", "FAIL", *CRASH_VERDICTS),
+    unlisted="PASS (not listed)",
 )
+
+BUILTIN_KINDS: Final = (PARITY_KIND, CRITERION_KIND, RESUME_KIND, CRASH_KIND)
+"""The assertions' own tables: each is defined once, beside its assertion."""
+
+
+@pytest.hookimpl(tryfirst=True)  # the built-ins first in every list
+def pytest_sprite_add_report_tables(tables: ReportTables) -> None:
+    """The built-in tables, registered like a project's."""
+    for kind in BUILTIN_KINDS:
+        tables.add(kind)
+
+
+def _builtin_tables() -> dict[str, Kind]:
+    """The tables outside a session (``judge`` reading a stored report): the built-in hook's alone."""
+    tables = ReportTables()
+    pytest_sprite_add_report_tables(tables)
+    return tables.kinds
+
+
+KINDS.update(_builtin_tables())
 
 
 def verdict_counts(verdicts: Sequence[str], kind: Kind) -> str:

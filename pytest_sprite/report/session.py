@@ -74,6 +74,11 @@ class SpriteReporter:
         if report.when == "teardown":
             from pytest_sprite.report.junit import junit_properties
 
+            if entry.assertions:
+                from pytest_sprite.report.kinds import load_report_tables
+
+                load_report_tables(self.config)
+
             present = set(report.user_properties)
             report.user_properties.extend(p for p in junit_properties(entry) if p not in present)
 
@@ -125,7 +130,10 @@ class SpriteReporter:
     def summarize(self, terminalreporter: Any) -> None:
         # Only assertions make tables: a session without one loads none of their code (issue 23).
         if self.settings.summary != "no" and any(entry.assertions for entry in self.store.tests.values()):
+            from pytest_sprite.report.kinds import load_report_tables
             from pytest_sprite.report.terminal import write_summary
+
+            load_report_tables(self.config)
 
             short = self.config.get_verbosity() < 0
             write_summary(terminalreporter, self.store.tests.values(), short=short)

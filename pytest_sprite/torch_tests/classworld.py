@@ -26,7 +26,7 @@ import pytest
 from ..glue.around import CarriedTest, around_ranks_key
 from ..glue.markers import timeout_source_key
 from ..glue.pytest_internals import skip_at_item, teardown_controller_state
-from .collect import case_id, torch_test_key
+from .cases import case_id, torch_test_key
 
 __all__ = ["ClassGroup", "ClassWorld", "follower_protocol", "group_classes", "group_key", "poison_reason"]
 

@@ -32,9 +32,10 @@ from ..glue.pytest_internals import skip_at_item
 from ..plumbing.dependency_internals import torch_continuous_init, torch_continuous_run
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.timing import monotonic
+from .cases import case_id, torch_test_key
 from .classworld import group_key, poison_reason
-from .collect import case_id, torch_test_key
-from .rank import child_spec, exit_code, skip_messages
+from .state import child_spec
+from .verdict import exit_code, skip_messages
 
 __all__ = ["run_continuous", "run_followers"]
 

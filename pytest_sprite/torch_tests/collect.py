@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import unittest
 import warnings
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal
+from typing import Any
 
 import pytest
 
@@ -25,6 +24,7 @@ from ..plumbing.dependency_internals import (
     torch_multiprocess_module,
     torch_required_world_size,
 )
+from .cases import TorchTest, case_id, torch_test_key
 
 __all__ = [
     "TorchTest",
@@ -37,27 +37,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, kw_only=True)
-class TorchTest:
-    """One test method of a torch multiprocess test class, run on ranks."""
-
-    cls: type[unittest.TestCase]
-    name: str
-    """The method's name (``self._testMethodName``)."""
-    world_size: int
-    timeout: float | None
-    """Seconds, from the class (``timeout``) or torch's own table (``get_timeout``); None: the session's."""
-    timeout_source: str = ""
-    """Where ``timeout`` came from, in the words a timeout failure says it."""
-    kind: Literal["multiprocess", "continuous"] = "multiprocess"
-    """``multiprocess``: a ``MultiProcessTestCase`` test, its own world; ``continuous``: one of a
-    ``MultiProcContinuousTest`` class's tests, which share one world (``classworld``)."""
-
-
-torch_test_key: Final = pytest.StashKey[TorchTest]()
-"""Set on an item that runs as a torch test on ranks."""
-
-
 def _multiprocess_base() -> type | None:
     common = torch_multiprocess_module()
     base = getattr(common, "MultiProcessTestCase", None)
@@ -66,11 +45,6 @@ def _multiprocess_base() -> type | None:
 
 def _skipped(obj: Any) -> bool:
     return bool(getattr(obj, "__unittest_skip__", False))
-
-
-def case_id(cls: type, name: str) -> str:
-    """``TestCase.id()`` of ``cls(name)``: the key of torch's per-test timeouts and of its skip messages."""
-    return f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
 def class_world_size(cls: Any, name: str) -> int:

@@ -27,7 +27,7 @@ import pytest
 from ..glue.around import CarriedTest
 from ..plumbing.process import die_with_parent, redirect_output
 from ..plumbing.timing import monotonic
-from .collect import TorchTest
+from .cases import TorchTest
 from .state import ParentState, write_state
 from .verdict import apply_verdict
 

@@ -19,31 +19,17 @@ from typing import Any, Final
 import pytest
 
 from ..glue.pytest_internals import skip_at_item
-from ..plumbing.dependency_internals import torch_multiprocess_module, torch_run_rank
-from .collect import torch_test_key
-from .state import ParentState, read_state
-from .verdict import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR
+from ..plumbing.dependency_internals import torch_run_rank
+from .cases import torch_test_key
+from .state import ParentState, child_spec, read_state
+from .verdict import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR, exit_code, skip_messages
 
-__all__ = ["TorchTestsRank", "child_spec", "exit_code", "skip_messages"]
+__all__ = ["TorchTestsRank"]
 
 _code_key: Final = pytest.StashKey[tuple[int, bool]]()
 """The rank's exit code and whether it is one of torch's skip codes, for its call report."""
 _carried_time_key: Final = pytest.StashKey[float]()
 """Seconds a class world's first test spent, in its teardown, running the class's other tests."""
-
-
-def exit_code(exc: SystemExit) -> int:
-    """The process exit status ``sys.exit(value)`` would give (None: 0; an int: itself; anything else: 1)."""
-    code = exc.code
-    if code is None:
-        return 0
-    return code if isinstance(code, int) else 1
-
-
-def skip_messages() -> dict[int, str]:
-    """torch's skip exit codes and their messages (``TEST_SKIPS``)."""
-    table = getattr(torch_multiprocess_module(), "TEST_SKIPS", {})
-    return {int(skip.exit_code): str(skip.message) for skip in table.values()}
 
 
 class TorchTestsRank:
@@ -92,14 +78,6 @@ class TorchTestsRank:
 
 def _nothing() -> None:
     pass
-
-
-def child_spec(item: pytest.Item) -> dict[str, Any]:
-    """The test child's ``RunSpec`` (its rank, world size, the test's directory)."""
-    child = item.config.pluginmanager.get_plugin("sprite-child")
-    if child is None:
-        raise RuntimeError("a torch test on ranks runs only in a test child")
-    return dict(child.spec)
 
 
 def _apply_env(state: ParentState) -> None:

@@ -1,13 +1,16 @@
-"""What the parent's side of a torch test hands its ranks: a small JSON file in the test's shared directory."""
+"""What a rank of a torch test starts from: the parent's side (a small JSON file in the test's shared directory)
+and its test child's spec."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["STATE_FILE", "ParentState", "read_state", "write_state"]
+import pytest
+
+__all__ = ["STATE_FILE", "ParentState", "child_spec", "read_state", "write_state"]
 
 STATE_FILE: Final = ".sprite-torch-parent.json"
 """Its name in the test's directory (the test's ``tmp_path``, which every rank sees)."""
@@ -49,3 +52,11 @@ def read_state(test_dir: Path) -> ParentState:
             f"{test_dir}: it ended before setUp finished; see {test_dir / 'parent.log'}"
         ) from None
     return ParentState(**data)
+
+
+def child_spec(item: pytest.Item) -> dict[str, Any]:
+    """The test child's ``RunSpec`` (its rank, world size, the test's directory)."""
+    child = item.config.pluginmanager.get_plugin("sprite-child")
+    if child is None:
+        raise RuntimeError("a torch test on ranks runs only in a test child")
+    return dict(child.spec)

@@ -19,7 +19,17 @@ from typing import Any, Final, Literal
 
 import pytest
 
-__all__ = ["CODE_ATTR", "ERROR_EXIT_CODE", "Verdict", "apply_verdict", "torch_verdict"]
+from ..plumbing.dependency_internals import torch_multiprocess_module
+
+__all__ = [
+    "CODE_ATTR",
+    "ERROR_EXIT_CODE",
+    "Verdict",
+    "apply_verdict",
+    "exit_code",
+    "skip_messages",
+    "torch_verdict",
+]
 
 CODE_ATTR: Final = "sprite_torch_exit"
 """Attribute of a rank's call report: the exit code torch's rank process would have ended with."""
@@ -105,3 +115,17 @@ def apply_verdict(
         else:
             first.outcome, first.longrepr = "failed", text
     return verdict
+
+
+def exit_code(exc: SystemExit) -> int:
+    """The process exit status ``sys.exit(value)`` would give (None: 0; an int: itself; anything else: 1)."""
+    code = exc.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def skip_messages() -> dict[int, str]:
+    """torch's skip exit codes and their messages (``TEST_SKIPS``)."""
+    table = getattr(torch_multiprocess_module(), "TEST_SKIPS", {})
+    return {int(skip.exit_code): str(skip.message) for skip in table.values()}

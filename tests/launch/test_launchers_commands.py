@@ -15,7 +15,7 @@ import pytest
 
 from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES, hosts_in_nodefile
 from pytest_sprite.errors import LaunchError
-from pytest_sprite.launch.launchers import get_launcher
+from pytest_sprite.launch.launchers import BUILTIN_LAUNCHERS, LauncherRegistry, pytest_sprite_add_launchers
 from pytest_sprite.launch.launchers._command import (
     has_option,
     unset_foreign_rank_variables,
@@ -297,7 +297,15 @@ def test_torchrun_needs_torch(monkeypatch: pytest.MonkeyPatch) -> None:
         TorchrunLauncher().check()
 
 
+def _builtin_launchers() -> LauncherRegistry:
+    """The registry as a session without plugins of its own fills it."""
+    registry = LauncherRegistry()
+    pytest_sprite_add_launchers(registry)
+    return registry
+
+
 def test_registry_builds_every_launcher() -> None:
+    get_launcher = _builtin_launchers().create
     for name, cls in [("mpiexec", MpiexecLauncher), ("pals", PalsLauncher), ("srun", SrunLauncher)]:
         launcher = get_launcher(name)
         assert isinstance(launcher, cls) and launcher.name == name and launcher.spans_nodes
@@ -326,10 +334,8 @@ def test_launch_writes_the_command_to_the_log_and_keeps_the_token_off_it(tmp_pat
     assert os.environ.get("SPRITE_TOKEN") != "tok-123"
 
 
-def test_every_launcher_name_the_settings_accept_has_a_module() -> None:
-    from pytest_sprite.glue.options import LAUNCHER_NAMES
-    from pytest_sprite.launch.launchers import _REGISTRY
-
-    assert tuple(_REGISTRY) == LAUNCHER_NAMES
-    for name in LAUNCHER_NAMES:
-        assert get_launcher(name).name == name
+def test_every_builtin_launcher_name_has_a_module() -> None:
+    registry = _builtin_launchers()
+    assert registry.names == tuple(BUILTIN_LAUNCHERS)
+    for name in registry.names:
+        assert registry.create(name).name == name

@@ -48,8 +48,9 @@ def test_controller_side_does_not_import_the_rank_side() -> None:
     out = python(
         "import sys, pytest_sprite.plugin, pytest_sprite.launch.controller, pytest_sprite.launch.pool,"
         " pytest_sprite.launch.merge, pytest_sprite.launch.launchers.local;"
-        "from pytest_sprite.launch.launchers import LAUNCHER_NAMES, get_launcher;"
-        "[get_launcher(name) for name in LAUNCHER_NAMES];"
+        "from pytest_sprite.launch.launchers import LauncherRegistry, pytest_sprite_add_launchers;"
+        "registry = LauncherRegistry(); pytest_sprite_add_launchers(registry);"
+        "[registry.create(name) for name in registry.names];"
         "print(sorted(m for m in sys.modules if m.startswith('pytest_sprite.rank')))"
     )
     assert out == "[]"

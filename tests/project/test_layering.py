@@ -1,7 +1,8 @@
 """Every import inside pytest_sprite points down (issue 8): read from the source with ast, no module imported.
 
-Lazy imports inside functions and ``TYPE_CHECKING`` imports count as arrows too: a loop that only a lazy
-import keeps from crashing is still a loop.
+The rules: each package imports only the packages its entry in ``RULES`` names, and no module reaches
+itself through its imports (0 import circles). Lazy imports inside functions and ``TYPE_CHECKING`` imports
+count as arrows too: a loop that only a lazy import keeps from crashing is still a loop.
 """
 
 from __future__ import annotations
@@ -153,6 +154,52 @@ def test_no_import_loop_through_the_recipes_assertions_or_lightning() -> None:
                     seen.add(nxt)
                     stack.append((nxt, (*path, nxt)))
     assert loops == []
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan): each is an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles_anywhere() -> None:
+    """No module reaches itself through its imports, lazy ones included: 0 import circles in the package."""
+    graph = {m: {t for t in imports(m) if t in MODULES} for m in MODULES}
+    assert _circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
 
 
 def test_the_checker_sees_lazy_and_relative_imports() -> None:

@@ -126,6 +126,10 @@ class _EveryHook(Planter):
     def _count(self, hook: str) -> None:
         self.calls[hook] = self.calls.get(hook, 0) + 1
 
+    def unsynchronized(self, candidates: Sequence[str], site: PlantSite) -> tuple[str, ...]:
+        self._count("unsynchronized")
+        return ()
+
     def forward_context(self, site: PlantSite, device_type: str) -> contextlib.AbstractContextManager[Any]:
         self._count("forward_context")
         return contextlib.nullcontext()
@@ -153,14 +157,40 @@ def test_the_arm_calls_every_planter_hook_at_its_point(
     monkeypatch.setitem(FAULTS, fault.name, fault)
     clean = lora_qwen.run("single", steps=2, accumulate=2)
     planted = lora_qwen.run("single", steps=2, accumulate=2, fault=fault.name)
-    # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step.
-    assert planter.calls == {"forward_context": 4, "loss": 4, "gradients": 2, "skip_step": 2}
+    # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step;
+    # which trainables gradient sync leaves out, once before the strategy wraps the model.
+    assert planter.calls == {
+        "unsynchronized": 1,
+        "forward_context": 4,
+        "loss": 4,
+        "gradients": 2,
+        "skip_step": 2,
+    }
     # Gradients doubled before the pre-clip norm is taken; every update skipped, so weights never move.
     assert planted.pre_clip_norms[0][0] == pytest.approx(2 * clean.pre_clip_norms[0][0], rel=1e-6)
     assert all(
         torch.equal(planted.initial_trainable[n], planted.final_trainable[n]) for n in planted.trainable_names
     )
     assert planted.label == "single (accumulate 2, fault every-hook)"
+
+
+def test_a_bf16_arm_calls_every_planter_hook_at_its_point(
+    lora_qwen: LoraQwen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same planter in a BF16 arm: every hook the FP32 arm calls, at the same points."""
+    planter = _EveryHook()
+    fault = Fault(name="every-hook", description="test", arms=("ref",), by=("pre_norm",), planter=planter)
+    monkeypatch.setitem(FAULTS, fault.name, fault)
+    planted = lora_qwen.run("ref", precision="bf16-mixed", steps=2, fault=fault.name)
+    assert planter.calls == {
+        "unsynchronized": 1,
+        "forward_context": 2,
+        "loss": 2,
+        "gradients": 2,
+        "skip_step": 2,
+    }
+    first, last = planted.steps[0].params, planted.steps[-1].params
+    assert all(torch.equal(first[n], last[n]) for n in first), "every update skipped"
 
 
 def test_single_arm_in_a_world_of_one(lora_qwen: LoraQwen) -> None:

@@ -60,7 +60,13 @@ def test_parity_rows_judge_clean_and_faulted_arms() -> None:
         arm("ddp (fault missing-rank)", pre=1e-9, fault="missing-rank"),
     ).to_dict()
     rows = parity_rows(payload)
-    assert [r.verdict for r in rows] == ["pass", "FAIL", "rejected", "NOT REJECTED"]
+    # The clean fsdp arm failed too: the faulted arm's failure cannot be attributed to its fault (the one
+    # verdict on a fault, as expect_fault_rejected judges it).
+    assert [r.verdict for r in rows] == ["pass", "FAIL", "NOT REJECTED", "NOT REJECTED"]
+    alone = parity_rows(
+        result(arm("ddp (fault wrong-scale)", pre=1.0, fault="wrong-scale", failed=True)).to_dict()
+    )
+    assert [r.verdict for r in alone] == ["rejected"]
     assert rows[0].cells == ("ddp", "2", "4", "1e-4", "7.50e-8", "0", "1.26e-6", "0 of 26")
     assert rows[1].figures["pre_norm_rel"] == 0.5
 
@@ -212,9 +218,14 @@ def _scored(label: str, role: str, passed: bool, fault: str | None = None) -> di
 
 
 def criterion(
-    verdict: str, *, gate: bool = True, ddp: bool = True, fault: str | None = None
+    verdict: str,
+    *,
+    gate: bool = True,
+    ddp: bool = True,
+    fault: str | None = None,
+    checks: tuple[str, ...] = ("pre_norm",),
 ) -> dict[str, object]:
-    failed = [] if ddp else [{"arm": "ddp", "check": "pre_norm", "fault": fault, "detail": "d"}]
+    failed = [] if ddp else [{"arm": "ddp", "check": c, "fault": fault, "detail": "d"} for c in checks]
     return {
         "kind": "criterion_v2",
         "verdict": verdict,
@@ -241,8 +252,13 @@ def test_criterion_rows_score_void_and_faults() -> None:
     void = criterion_rows(criterion("void", gate=False))
     assert [r.verdict for r in void] == ["void", "void", "void", "pass"]
     assert [r.verdict for r in criterion_rows(criterion("fail", ddp=False))][:2] == ["FAIL", "pass"]
-    faulted = criterion_rows(criterion("fail", ddp=False, fault="wrong-scale"))
+    # wrong-scale must fail pre_norm and gradients under criterion v2 (the fault registry).
+    faulted = criterion_rows(
+        criterion("fail", ddp=False, fault="wrong-scale", checks=("pre_norm", "gradients"))
+    )
     assert faulted[0].verdict == "rejected"
+    half = criterion_rows(criterion("fail", ddp=False, fault="wrong-scale"))
+    assert half[0].verdict == "NOT REJECTED"
     missed = criterion_rows(criterion("pass", fault="wrong-scale"))
     assert missed[0].verdict == "NOT REJECTED"
 

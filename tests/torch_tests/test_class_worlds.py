@@ -252,8 +252,8 @@ def test_the_reports_are_sorted_out_by_test_and_the_rest_skipped_after_a_failure
 ) -> None:
     """The controller's side without processes: the ranks ran ``a`` (whose teardown report comes last) and ``b``,
     which failed on rank 0; both were then ended. ``c`` is torch's skip on every rank."""
+    from pytest_sprite.torch_tests.cases import TorchTest, torch_test_key
     from pytest_sprite.torch_tests.classworld import ClassGroup, ClassWorld
-    from pytest_sprite.torch_tests.collect import TorchTest, torch_test_key
 
     items = pytester.getitems(
         """

@@ -370,20 +370,20 @@ class CriterionResult:
         """One row per faulted arm: fault, arm, status, rejecting evidence, observations, figures.
 
         The rejecting evidence is the fault registry's criterion-v2 checks for the fault that failed on its
-        arm. The status is ``rejected`` only when all of them failed there and no other arm failed, as
-        ``expect_fault_rejected`` requires; other failed checks of the arm are listed as supporting.
+        arm; the status is the fault's one verdict (:func:`~pytest_sprite.assertions.fault_verdict.fault_verdict`,
+        which ``expect_fault_rejected`` reads too); other failed checks of the arm are listed as supporting.
         """
-        from pytest_sprite.faults import FAULTS
+        from pytest_sprite.assertions.fault_verdict import fault_verdict
 
         out = []
         by_label = {c.label: c for c in self.scored}
         for fault, label in self.faults:
             mine = list(dict.fromkeys(f.check for f in self.failed if f.arm == label))
             others = [f for f in self.failed if f.arm != label]
-            entry = FAULTS.get(fault)
-            expected = entry.checks_for(self.kind) if entry is not None else ()
+            verdict = fault_verdict(fault, self.failed, kind=self.kind)
+            expected = verdict.required
             rejecting = [c for c in mine if c in expected]
-            rejected = bool(rejecting) and set(expected) <= set(mine) and not others
+            rejected = verdict.rejected
             observations = [
                 f"{inv.name}: {f.observations}"
                 for inv in self.invariants

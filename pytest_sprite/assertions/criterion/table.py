@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_sprite.assertions._tables import Kind, Row, figure_cell
+from pytest_sprite.assertions.fault_verdict import item_verdict
 
 __all__ = ["CRITERION_HEADERS", "CRITERION_KIND", "criterion_rows"]
 
@@ -29,19 +30,16 @@ def criterion_rows(payload: Mapping[str, Any]) -> list[Row]:
     """The scored step-0 rows (ddp, fsdp against split), the validity gate, and one row for the invariants.
 
     A scored row's verdict is ``void`` when the gate failed (the run cannot separate error from rounding;
-    void is never a pass); a row of an arm carrying a fault reads ``rejected`` when the criterion failed on
-    a faulted arm's check, else ``NOT REJECTED``.
+    void is never a pass); a row of an arm carrying a fault reads its fault's verdict (``rejected`` /
+    ``NOT REJECTED``, :func:`~pytest_sprite.assertions.fault_verdict.fault_verdict`).
     """
     void = payload["verdict"] == "void"
-    # A fault counts as rejected when the criterion failed on a check of a faulted arm (any check: the
-    # invariants catch some faults that the scored step-0 figures cannot see).
-    caught = payload["verdict"] == "fail" and any(f.get("fault") for f in payload["failed"])
     ranks, batch = str(payload["ranks"]), str(payload["global_batch"])
     rows = []
     for c in [*payload["scored"], payload["gate"]]:
         gate = c["role"] == "gate"
         if c.get("fault") and not void:
-            verdict = "rejected" if caught else "NOT REJECTED"
+            verdict = item_verdict(c, payload)
         elif void and not gate:
             verdict = "void"
         else:

@@ -16,9 +16,9 @@ from pytest_sprite.assertions._tables import (
     figure_cell,
     format_figure,
     pass_or_fail_kind,
-    pass_or_fail_verdict,
     render_table,
 )
+from pytest_sprite.assertions.fault_verdict import item_verdict
 from pytest_sprite.assertions.numeric import finite_or_repr
 
 __all__ = [
@@ -248,7 +248,7 @@ def resume_rows(payload: Mapping[str, Any]) -> list[Row]:
     and the continuation gaps reported for that arm (``-`` for the reload, which trains nothing compared).
 
     The gaps are reported, never required: the verdict is the required checks'. An arm carrying a fault
-    reads ``rejected`` when a required check caught it, else ``NOT REJECTED``.
+    reads the fault's verdict (:func:`~pytest_sprite.assertions.fault_verdict.fault_verdict`).
     """
     gaps = {str(g["arm"]): g for g in payload["gaps"]}
     reshard = f"{payload['ranks']} → {payload['reshard_ranks']}" if payload.get("reshard_ranks") else "-"
@@ -256,7 +256,7 @@ def resume_rows(payload: Mapping[str, Any]) -> list[Row]:
     for arm in payload["arms"]:
         gap = gaps.get(_gaps_arm(payload, arm) or "")
         failed = ", ".join(dict.fromkeys(str(f["check"]) for f in arm["failed"])) or "-"
-        verdict = pass_or_fail_verdict(arm)
+        verdict = item_verdict(arm, payload)
         figures: dict[str, float | int | str | None] = {"failed": failed if failed != "-" else ""}
         figures.update({k: gap[k] for k in RESUME_GAPS} if gap is not None else {})
         rows.append(
