@@ -25,6 +25,7 @@ import os
 import secrets
 import shutil
 import sys
+import warnings
 from typing import Any
 
 __all__ = [
@@ -155,13 +156,16 @@ def save_rank_data() -> None:
     """Write what this rank measured, now: it ends with ``os._exit``, which skips coverage's save at exit.
 
     Called before the rank says it is done, so the file is written before the session can end. A failure
-    to save is printed to the rank's output and never fails its test.
+    to save is printed to the rank's output and never fails its test. coverage's warnings about what one
+    rank did not run ("No data was collected") are left to the session's report, which sees every rank.
     """
     cov = _rank_coverage
     if cov is None:
         return
     try:
-        cov.save()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cov.save()
     except Exception as exc:  # coverage's own errors: the test's outcome is not coverage's to change
         _say(f"this rank's coverage data could not be saved ({type(exc).__name__}: {exc})")
 

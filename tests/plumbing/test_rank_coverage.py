@@ -1,7 +1,8 @@
 """Coverage from every rank: lines that run only inside ranks count in the session's coverage, with no option.
 
 Each session measures ``mylib``, whose lines run only on ranks: one branch only on rank 1, one function only in
-a sub-world's ranks, one line only before a sub-world rank is killed at a planned kill point. Without the
+a sub-world's ranks, one line only before a sub-world rank is killed at a planned kill point, one line only in
+the teardown of the ranks (after pytest-cov's last context switch, which writes what was measured). Without the
 ranks' data those lines are reported missed (40% of such a module, as a new user found), so each test fails
 when the ranks' data is lost.
 """
@@ -36,6 +37,10 @@ def in_subworld(world):
     return "sub other"
 
 
+def release(rank):
+    return f"released {rank}"
+
+
 def until_killed(world):
     kill_point("step")
     kill_point("step")  # killed here
@@ -49,8 +54,14 @@ from pytest_sprite import KillAt, run_subworld
 import mylib
 
 
+@pytest.fixture
+def held(world):
+    yield
+    mylib.release(world.rank)  # in teardown: after the last context switch, saved only at the rank's end
+
+
 @pytest.mark.ranks(2)
-def test_work(world):
+def test_work(world, held):
     assert mylib.work(world.rank) == ("one" if world.rank == 1 else "other")
 
 
@@ -126,7 +137,7 @@ def test_pytest_cov_counts_every_ranks_lines_with_branches_and_contexts(pytester
     result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(
         [
-            "mylib.py * 12 * 0 * 4 * 0 * 100%*",
+            "mylib.py * 14 * 0 * 4 * 0 * 100%*",
             "*Required test coverage of 100% reached. Total coverage: 100.00%*",
         ]
     )
@@ -140,6 +151,10 @@ def test_pytest_cov_counts_every_ranks_lines_with_branches_and_contexts(pytester
     ]
     assert lines[_line(source, 'return "sub other"')] == [
         "test_mylib.py::test_subworld|run|rank0|subworld-rank0"
+    ]
+    assert lines[_line(source, 'return f"released {rank}"')] == [
+        "test_mylib.py::test_work|teardown|rank0",
+        "test_mylib.py::test_work|teardown|rank1",
     ]
     # The plain test forked the sub-world's rank from its own process: it inherits the test's context.
     assert lines[_line(source, "# killed here")] == ["test_mylib.py::test_killed_subworld|run"]
@@ -205,7 +220,7 @@ def test_coverage_run_counts_every_ranks_lines_in_its_one_data_file(pytester: py
     )
     result.assert_outcomes(passed=3)
     report = pytester.run(sys.executable, "-m", "coverage", "report", "--show-missing", "--fail-under=100")
-    report.stdout.fnmatch_lines(["mylib.py * 12 * 0 * 4 * 0 * 100%*"])
+    report.stdout.fnmatch_lines(["mylib.py * 14 * 0 * 4 * 0 * 100%*"])
     assert report.ret == 0
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith(".")) == [".coverage"]
 
