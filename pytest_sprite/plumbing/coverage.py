@@ -30,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "agent_launch",
+    "agent_started",
     "combine_rank_data",
     "current_context",
     "rank_started",
@@ -96,6 +97,20 @@ def agent_launch(options: Any) -> tuple[tuple[str, ...], dict[str, str]]:
     return (), {"COVERAGE_PROCESS_CONFIG": data}
 
 
+def agent_started() -> None:
+    """In a rank agent, before it forks any rank: write once what it measured or inherited so far.
+
+    A forked process writes what its Coverage held unsaved at the fork as well as its own lines: without
+    this, every rank would write again the lines the agent's collection ran (or the controller's, for a
+    forked agent), a cost on every test that grows with the code measured. Not in a one-file session, whose
+    ranks measure afresh (:func:`rank_started`).
+    """
+    cov = _measuring()
+    if cov is None or _one_file(cov):
+        return
+    _save(cov)
+
+
 def rank_started(label: str, *, context: str | None = None) -> None:
     """In a forked rank (test child, sub-world rank), before it runs user code: measure it on its own.
 
@@ -159,15 +174,17 @@ def save_rank_data() -> None:
     to save is printed to the rank's output and never fails its test. coverage's warnings about what one
     rank did not run ("No data was collected") are left to the session's report, which sees every rank.
     """
-    cov = _rank_coverage
-    if cov is None:
-        return
+    if _rank_coverage is not None:
+        _save(_rank_coverage)
+
+
+def _save(cov: Any) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cov.save()
     except Exception as exc:  # coverage's own errors: the test's outcome is not coverage's to change
-        _say(f"this rank's coverage data could not be saved ({type(exc).__name__}: {exc})")
+        _say(f"the coverage data of process {os.getpid()} could not be saved ({type(exc).__name__}: {exc})")
 
 
 def combine_rank_data() -> None:

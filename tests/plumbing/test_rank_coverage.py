@@ -332,3 +332,28 @@ def test_the_hosts_command_knows_pytest_under_coverage_run() -> None:
     assert check_command(["coverage", "run", "--branch", "-m", "pytest", "--ranks=4"], 2) == 2
     assert check_command(["coverage", "run", "-m", "mymodule", "--ranks=4"], 2) is None
     assert check_command(["coverage", "report", "--ranks=4"], 2) is None
+
+
+def test_an_agent_writes_what_it_holds_once_so_ranks_write_only_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank agent saves before it forks ranks (each would write the agent's lines again); not in a one-file
+    session, whose ranks measure afresh and whose one file the agent must not write."""
+    from pytest_sprite.plumbing import coverage as rank_coverage
+
+    saved: list[bool] = []
+
+    class Measuring:
+        def __init__(self, parallel: bool) -> None:
+            self.config = type("Config", (), {"parallel": parallel})()
+
+        def save(self) -> None:
+            saved.append(self.config.parallel)
+
+    fake = type(sys)("coverage")
+    monkeypatch.setitem(sys.modules, "coverage", fake)
+    for parallel in (True, False):
+        cov = Measuring(parallel)
+        fake.Coverage = type("Coverage", (), {"current": staticmethod(lambda cov=cov: cov)})  # type: ignore[attr-defined]
+        rank_coverage.agent_started()
+    assert saved == [True]
