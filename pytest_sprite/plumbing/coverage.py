@@ -7,6 +7,8 @@ process (pytest-cov always does; ``coverage run`` with ``parallel = True``). Wha
 
 - a rank ends with ``os._exit`` (see ``rank/child.py``), which skips coverage's save at exit: ranks save here,
   before they say they are done, so the data is on disk before the controller counts the test finished;
+- a forked process also writes what its Coverage held unsaved at the fork: a rank agent writes that once,
+  before it forks ranks, so each rank's file holds only the lines it ran;
 - a session measured into one data file (``coverage run`` without ``parallel``) must not have every rank
   writing that file: each rank measures into its own file in a folder beside it, and the controller
   combines that folder into its own data at the end of the session;
