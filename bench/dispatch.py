@@ -20,6 +20,9 @@ wall time). ``--spawns`` cold spawns (default 5) follow each pair, and the ratio
 one more test is the median of the rounds' own ratios. The ways (packed, ``--pack=off``, 4 KiB pages)
 run round by round, one pair of each in turn.
 
+``--cov`` adds a way to the marginal cost: both sessions under pytest-cov (``--cov=.``, the test module
+measured in every rank, no report), so what coverage adds to one more test is read beside the packed way.
+
 ``--baseline CHECKOUT`` runs another checkout of the plugin (an earlier release, say: ``git worktree add
 /tmp/base <commit>``) first on ``PYTHONPATH``: its 20-test session and its marginal pair join the rounds, in
 turns with this checkout's, so a change in what a test costs is read side by side, not across days.
@@ -31,7 +34,7 @@ test costs this design with no harness at all (its median test): two ranks forke
 imported torch, a fresh gloo group, one all_reduce, exit. The load average is printed before and after:
 on a shared machine the figures move with it.
 
-Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61] [--spawns 5] [--baseline DIR]``.
+Usage: ``python bench/dispatch.py [--tests 20] [--runs 3] [--marginal-tests 61] [--spawns 5] [--cov] [--baseline DIR]``.
 """
 
 from __future__ import annotations
@@ -420,6 +423,11 @@ def main() -> None:
         help="another checkout of pytest-sprite (an earlier release, say) whose 20-test session and marginal "
         "cost run in turns with this one's",
     )
+    parser.add_argument(
+        "--cov",
+        action="store_true",
+        help="also the marginal cost under pytest-cov (--cov=., no report): what coverage adds to a test",
+    )
     args = parser.parse_args()
     n, runs, m = args.tests, args.runs, args.marginal_tests
     if m < 2:
@@ -478,6 +486,11 @@ def main() -> None:
             ("", [], only_sprite),
             ("_off", ["--pack=off"], only_sprite),
             ("_4k", [], small_pages),
+            *(
+                (("_cov", ["-p", "pytest_cov.plugin", "--cov=.", "--cov-report="], only_sprite),)
+                if args.cov
+                else ()
+            ),
             *((("_base", [], baseline[0]),) if baseline else ()),
         )
     ]
@@ -558,8 +571,10 @@ def main() -> None:
         (f"pytest-sprite marginal cost of one more test ({m} tests - 1, over {m - 1})", marginal),
         ("  the same with --pack=off", marginal_off),
         ("  the same with SPRITE_HUGE_PAGES=0 (4 KiB pages)", marginal_4k),
+        *((("  the same under pytest-cov (--cov=.)", results["marginal_cov"]),) if args.cov else ()),
         ("  its CPU, every process of the session (counted)", results["marginal_cpu"]),
         ("  the same with SPRITE_HUGE_PAGES=0", results["marginal_cpu_4k"]),
+        *((("  the same under pytest-cov", results["marginal_cpu_cov"]),) if args.cov else ()),
         ("  tmp_path, per test that uses it", (results["sprite_tmp_path"] - results["sprite"]) / n),
         (
             "  a 2-rank sub-world, per test that starts one",
@@ -593,6 +608,11 @@ def main() -> None:
         f"(the {m}-test and 1-test sessions of the marginal cost, in turns: {results['sprite_n1']:.2f} s and "
         f"{results['sprite_1']:.2f} s; the marginal cost is the median of their {runs} differences, over {m - 1})"
     )
+    if args.cov:
+        print(
+            f"(under pytest-cov: {results['sprite_n1_cov']:.2f} s and {results['sprite_1_cov']:.2f} s; one more "
+            f"test's minor page faults {results['marginal_faults_cov']:.0f})"
+        )
     print()
     for label, value in (("sprite / MultiProcContinuousTest:", ratio), ("  with --pack=off:", ratio_off)):
         print(f"{label:44}{value:.3f}  (target <= 0.30: {verdict(value <= 0.3)})")

@@ -123,12 +123,28 @@ def prepare_command(
 
 
 def _is_pytest(words: Sequence[str]) -> bool:
-    """``pytest ...``, ``py.test ...`` or ``python -m pytest ...``."""
+    """``pytest ...``, ``py.test ...`` or ``python -m pytest ...``, alone or under ``coverage run``."""
     if not words:
         return False
     if Path(words[0]).name in ("pytest", "py.test"):
         return True
-    return len(words) >= 3 and words[1:3] == ["-m", "pytest"]
+    if len(words) >= 3 and words[1:3] == ["-m", "pytest"]:
+        return True
+    return _coverage_runs_pytest(words)
+
+
+def _coverage_runs_pytest(words: Sequence[str]) -> bool:
+    """``coverage run [OPTIONS] -m pytest ...`` or ``python -m coverage run [OPTIONS] -m pytest ...``."""
+    if Path(words[0]).name == "coverage":
+        rest = list(words[1:])
+    elif words[1:3] == ["-m", "coverage"]:
+        rest = list(words[3:])
+    else:
+        return False
+    if not rest or rest[0] != "run" or "-m" not in rest:
+        return False
+    module = rest.index("-m") + 1
+    return module < len(rest) and rest[module] == "pytest"
 
 
 def main(argv: Sequence[str]) -> int:

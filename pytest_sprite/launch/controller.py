@@ -27,6 +27,7 @@ from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
 from ..glue.tmp_path import TMP_FIXTURES, make_test_dir
+from ..plumbing.coverage import combine_rank_data, session_started
 from ..plumbing.distribution import importable
 from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
@@ -113,6 +114,7 @@ class Controller:
         """With :attr:`interrupt`: the code of a rank's ``pytest.exit``, None for a KeyboardInterrupt."""
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
+        session_started()  # before any agent is forked: where the ranks of a measured session write
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
 
@@ -154,6 +156,7 @@ class Controller:
 
     def pytest_sessionfinish(self) -> None:
         self.shutdown()
+        combine_rank_data()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         line = self.use.line(pack=self.pack)

@@ -23,6 +23,7 @@ import pytest
 
 from ..errors import LaunchError
 from ..glue.options import Settings
+from ..plumbing.coverage import agent_launch
 from ..plumbing.placement import Placement, place
 from ..plumbing.protocol import (
     AGENT_FAILED,
@@ -114,6 +115,7 @@ class AgentPool:
         token = secrets.token_hex(16)
         log_path = self.tmpdir / "launch.log"
         config, world = self.config, self.world_size
+        coverage_args, coverage_env = agent_launch(config.option)
         request = LaunchRequest(
             world_size=world,
             controller_host=advertised,
@@ -124,11 +126,12 @@ class AgentPool:
                 "-m",
                 "pytest",
                 *config.invocation_params.args,
+                *coverage_args,
                 f"--sprite-agent={advertised}:{port}",
             ),
             ppn=self.settings.ppn,
             launcher_args=self.settings.launcher_args,
-            env={"SPRITE_TOKEN": token, "SPRITE_WORLD_SIZE": str(world)},
+            env={"SPRITE_TOKEN": token, "SPRITE_WORLD_SIZE": str(world), **coverage_env},
             log_path=log_path,
             cwd=Path(config.invocation_params.dir),
             config=config,

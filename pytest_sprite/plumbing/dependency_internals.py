@@ -1,4 +1,4 @@
-"""Every reach into a private name of hypothesis, torch or transformers, in one file.
+"""Every reach into a private name of hypothesis, torch, transformers or coverage, in one file.
 
 The plugin uses only public APIs, except where none exists; each such use lives here, says which
 private name it touches, why no public API serves, and which versions it is tested with
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "coverage_config_data",
+    "coverage_from_config_data",
     "ddp_comm_hook_names",
     "ddp_ignore_parameters",
     "ddp_logging_data",
@@ -75,6 +77,43 @@ def hypothesis_explicit_seed(test: Any) -> object | None:
     public reader. Fallback: None, so the harness pins its own seed (every rank still draws alike).
     """
     return getattr(test, _HYPOTHESIS_SEED, None)
+
+
+_COVERAGE_CONFIG_DATA = ":data:"
+"""What coverage (7.10.4+) puts before a serialized configuration given as ``config_file`` (``CONFIG_DATA_PREFIX``)."""
+
+
+def coverage_config_data(cov: Any, *, data_file: str) -> str | None:
+    """``cov``'s whole configuration, changed to write one data file per process under ``data_file``.
+
+    A rank of a session measured into one data file (``coverage run`` without ``parallel = True``) must
+    write a file of its own, measuring what the session measures. coverage 7.10.4 - 7.18 hands a
+    configuration to the processes it starts itself as ``CoverageConfig.serialize()`` (read back from
+    ``COVERAGE_PROCESS_CONFIG`` by ``coverage.process_startup``); the format is not documented and no public
+    API copies a running configuration. Fallback: None (older coverage): such ranks are not measured.
+    """
+    config = cov.config
+    serialize = getattr(config, "serialize", None)
+    deserialize = getattr(type(config), "deserialize", None)
+    if serialize is None or deserialize is None:
+        return None
+    copy = deserialize(serialize())
+    copy.parallel = True
+    copy.data_file = data_file
+    return str(copy.serialize())
+
+
+def coverage_from_config_data(data: str) -> Any:
+    """A new ``coverage.Coverage`` (not started) with the configuration :func:`coverage_config_data` made.
+
+    coverage 7.10.4 - 7.18 takes a serialized configuration as ``config_file=":data:" + data`` (what its own
+    ``patch = fork`` does in a forked process); only called with data that function returned, so on those
+    releases.
+    """
+    import coverage
+
+    prefix = getattr(coverage.control, "CONFIG_DATA_PREFIX", _COVERAGE_CONFIG_DATA)
+    return coverage.Coverage(config_file=prefix + data, data_suffix=True)
 
 
 def ddp_comm_hook_names(ddp: Any) -> list[str]:

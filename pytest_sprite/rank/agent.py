@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from ..glue.pytest_internals import fresh_session_state
+from ..plumbing.coverage import agent_started
 from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
 from ..plumbing.process import collapse_heap_once
 from ..plumbing.protocol import (
@@ -92,13 +93,14 @@ class _ChildTracebacks:
 
 def prepare_children(config: pytest.Config, items: Sequence[pytest.Item]) -> None:
     """What every test child inherits from its agent: stacks it can always dump, tracebacks without our frames,
-    no fixture state of the controller's.
+    no fixture state of the controller's, no measured lines but its own (under coverage).
 
     The agent runs no test itself, so none of it touches the agent (issue 27); done here once, no child
     pays for it (issue 23).
     """
     keep_stack_dumps()
     fresh_session_state(items)
+    agent_started()  # each rank then writes only the lines it ran
     if not config.pluginmanager.has_plugin("sprite-child-tracebacks"):
         config.pluginmanager.register(_ChildTracebacks(), "sprite-child-tracebacks")
 

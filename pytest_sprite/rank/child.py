@@ -29,6 +29,7 @@ from ..glue.markers import item_ranks_spec
 from ..glue.pytest_internals import capture_tmpfiles, record_warnings, runtestprotocol
 from ..glue.results import DEVICE_ATTR, set_progress_sink
 from ..glue.tmp_path import share_tmp_path, shared_test_dir
+from ..plumbing.coverage import rank_started, save_rank_data
 from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..subworld.join import Seat, join_world, tcp_store
@@ -369,6 +370,7 @@ def run_child(
     channel = _Channel(write_fd, spec)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        rank_started(f"rank{spec['rank']}")
         _seat(spec).export_env()
         _prepare_item(item, spec)
         capture_tmpfiles(item.config, run_dir)
@@ -397,6 +399,7 @@ def run_child(
         code = 70
     finally:
         try:
+            save_rank_data()  # before the test can count as done: os._exit skips coverage's save
             sys.stdout.flush()
             sys.stderr.flush()
             if code == 0:

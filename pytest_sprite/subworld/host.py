@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.coverage import current_context
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.placement import place
 from pytest_sprite.plumbing.process import wait_status
@@ -363,7 +364,14 @@ def _start(
     hosted = []
     for fields_ in seats:
         seat = Seat(master_addr=store[0], master_port=store[1], device=device, timeout=timeout, **fields_)
-        spec = RankSpec(name=_name(fn), seat=seat, plan=kill, run_dir=str(run_dir), join=join)
+        spec = RankSpec(
+            name=_name(fn),
+            seat=seat,
+            plan=kill,
+            run_dir=str(run_dir),
+            join=join,
+            coverage_context=current_context(),
+        )
         mine, theirs = socket.socketpair()
         pid = forker.spawn((spec, fn, args, kwargs), theirs, host_fds)
         theirs.close()

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pytest_sprite.plumbing.coverage import rank_started, save_rank_data
 from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from pytest_sprite.plumbing.protocol import STACK_SIGNAL, encode_object
 from pytest_sprite.plumbing.stacks import keep_stack_dumps
@@ -39,6 +40,9 @@ class RankSpec:
     """False: the rank joins no world (no variables, device, store or group): the function gets the rank's
     :class:`~pytest_sprite.subworld.join.Seat` instead of a World and sets itself up, as a crash matrix's
     runs do."""
+    coverage_context: str | None = None
+    """The coverage context of the process that started the sub-world, the rank's lines counted under it
+    (``plumbing/coverage.py``); None when it switched to none."""
 
 
 @dataclass(kw_only=True)
@@ -100,6 +104,7 @@ def kill_point(
                 before_kill()
             except Exception as exc:  # what dying here does must not keep the rank alive
                 sys.stderr.write(f"kill_point: before_kill failed ({type(exc).__name__}: {exc})\n")
+        save_rank_data()  # a planned kill: what the rank ran up to here still counts
         _send(ctx.channel, Killed(point, int(signum)))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -120,6 +125,7 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request
+        rank_started(f"subworld-rank{spec.seat.rank}", context=spec.coverage_context)
         _send(channel, Ready())  # start-up ends here: the process runs and has the function loaded
         rank, run_dir = spec.seat.rank, Path(spec.run_dir)
         redirect_output(run_dir / f"rank{rank}.log")
@@ -130,9 +136,11 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         try:
             value = fn(world, *args, **kwargs)
         except BaseException:
+            save_rank_data()  # before the test hears of the end: os._exit skips coverage's save
             _send(channel, Raised(traceback.format_exc()))
             code = 1
         else:
+            save_rank_data()
             _send(channel, Returned(value))
         if store is not None:
             _leave(store, spec.seat.world_size)

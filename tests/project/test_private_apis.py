@@ -1,6 +1,6 @@
 """No private name of a dependency outside the modules that keep them (issue 20).
 
-pytest's private names live in ``_pytest_internals.py``; hypothesis', torch's and transformers' in
+pytest's private names live in ``_pytest_internals.py``; hypothesis', torch's, transformers' and coverage's in
 ``_dependency_internals.py``. Each there is version-gated with a fallback, and the second half of this
 file runs them against the installed (newest) releases.
 """
@@ -30,6 +30,8 @@ DEPENDENCIES = {
     "transformers",
     "peft",
     "mpi4py",
+    "coverage",
+    "pytest_cov",
 }
 
 
@@ -185,3 +187,18 @@ def test_hf_no_split_modules_are_read_on_this_release() -> None:
     )
     model = transformers.Qwen2ForCausalLM(config)
     assert "Qwen2DecoderLayer" in hf_no_split_modules(model)
+
+
+def test_a_coverage_configuration_is_copied_for_one_file_per_process_on_this_release(tmp_path: Path) -> None:
+    coverage = pytest.importorskip("coverage")
+
+    from pytest_sprite.plumbing.dependency_internals import coverage_config_data, coverage_from_config_data
+
+    cov = coverage.Coverage(data_file=str(tmp_path / ".coverage"), branch=True, source=["mylib"])
+    assert cov.config.parallel is False
+    data = coverage_config_data(cov, data_file=str(tmp_path / "ranks" / ".coverage"))
+    assert data is not None, f"coverage {coverage.__version__} (7.10.4 or newer serializes its configuration)"
+    copy = coverage_from_config_data(data)
+    assert (copy.config.parallel, copy.config.branch, copy.config.source) == (True, True, ["mylib"])
+    assert copy.config.data_file == str(tmp_path / "ranks" / ".coverage")
+    assert cov.config.parallel is False, "the measuring process's own configuration is left alone"
