@@ -17,6 +17,7 @@ import pytest
 
 from ..env.device import DEVICE_CHOICES
 from ..errors import SpriteUsageError
+from ..plumbing.mutants import MutantSpec, select_mutants
 from .markers import parse_positive_int, parse_timeout
 
 __all__ = [
@@ -201,6 +202,24 @@ OPTIONS: Final = (
         "auto|off",
     ),
     _Option(
+        "--sprite-mutate",
+        "sprite_mutate",
+        "sprite_mutate",
+        "SPRITE_MUTATE",
+        "Run each ranks test again under each applicable mutant (a planted distributed bug) and report which "
+        "its checks kill: a comma list of families (collective), mutant names or specs "
+        "(skip_allreduce@rank1:from3), or all. Default: off.",
+        "MUTANTS",
+    ),
+    _Option(
+        "--sprite-mutate-fail-under",
+        "sprite_mutate_fail_under",
+        "sprite_mutate_fail_under",
+        "SPRITE_MUTATE_FAIL_UNDER",
+        "Fail the session when --sprite-mutate's score (killed / applicable, 0-1) is below SCORE.",
+        "SCORE",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -317,6 +336,10 @@ class Settings:
     """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests, issue 26)."""
     reuse: str = "auto"
     """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
+    mutate: tuple[MutantSpec, ...] = ()
+    """``--sprite-mutate``: the mutants each ranks test runs under after its own run; empty: off."""
+    mutate_fail_under: float | None = None
+    """``--sprite-mutate-fail-under``: the lowest mutation score that passes the session."""
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -374,7 +397,34 @@ class Settings:
             launch_early=early_name,
             torch_tests=torch_tests_name,
             reuse=reuse_name,
+            mutate=_mutants(get("sprite_mutate")),
+            mutate_fail_under=_fail_under(get("sprite_mutate_fail_under")),
         )
+
+
+def _mutants(raw: tuple[Any, str] | None) -> tuple[MutantSpec, ...]:
+    """``--sprite-mutate``'s selection (``off`` or unset: none); a bad name fails naming the source."""
+    if raw is None or str(raw[0]).strip().lower() in ("", "off", "none"):
+        return ()
+    try:
+        return select_mutants(str(raw[0]), raw[1])
+    except ValueError as exc:
+        raise SpriteUsageError(str(exc)) from None
+
+
+def _fail_under(raw: tuple[Any, str] | None) -> float | None:
+    """``--sprite-mutate-fail-under``: a score from 0 to 1."""
+    if raw is None:
+        return None
+    try:
+        score = float(raw[0])
+    except ValueError:
+        score = -1.0
+    if not 0.0 <= score <= 1.0:
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r} is not a score; give a number from 0 to 1 (killed / applicable)"
+        )
+    return score
 
 
 def _device_name(device: tuple[Any, str] | None) -> str:
