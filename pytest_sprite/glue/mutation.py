@@ -43,6 +43,14 @@ class MutationBook:
     def test(self, nodeid: str) -> TestMutation:
         return self.tests.setdefault(nodeid, TestMutation())
 
+    def count(self, nodeid: str, mutant: str, *, killed: bool) -> None:
+        """One mutant run of ``nodeid`` ended; lists stay in the selection's order, whatever order runs end in."""
+        entry = self.test(nodeid)
+        names = entry.killed if killed else entry.survived
+        names.append(mutant)
+        order = {name: i for i, name in enumerate(self.mutants)}
+        names.sort(key=lambda name: order.get(name, len(order)))
+
     @property
     def killed(self) -> int:
         return sum(len(t.killed) for t in self.tests.values())

@@ -477,8 +477,7 @@ class Controller:
         parent = self.mutant_parent.pop(run.run_id)
         assert self.book is not None and run.mutant is not None
         if not dropped:
-            entry = self.book.test(parent.item.nodeid)
-            (entry.killed if killed(self.merge(run), run) else entry.survived).append(run.mutant)
+            self.book.count(parent.item.nodeid, run.mutant, killed=killed(self.merge(run), run))
         left = self.mutants_left[parent.run_id]
         left.discard(run.run_id)
         if not left:

@@ -24,7 +24,14 @@ __all__ = ["BACKEND_NAME", "called_ops", "install"]
 BACKEND_NAME: Final = "sprite_mutant"
 """The backend name the test's default group is made with under ``--sprite-mutate``."""
 
-_state: dict[str, Any] = {"ops": [], "spec": None, "counts": {}, "stale": {}, "inner": "gloo"}
+_state: dict[str, Any] = {
+    "ops": [],
+    "spec": None,
+    "counts": {},
+    "stale": {},
+    "inner": "gloo",
+    "registered": False,
+}
 
 
 def called_ops() -> list[str]:
@@ -40,10 +47,9 @@ def install(mutant: str | None, inner_backend: str) -> str:
     _state.update(
         ops=[], counts={}, stale={}, inner=inner_backend, spec=parse_spec(mutant) if mutant else None
     )
-    if (
-        BACKEND_NAME.upper() not in dist.Backend._plugins
-    ):  # one registration per agent, inherited by its forks
+    if not _state["registered"]:  # once per process; a forked child inherits it
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        _state["registered"] = True
     return BACKEND_NAME
 
 
