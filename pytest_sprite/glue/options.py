@@ -18,6 +18,7 @@ import pytest
 from ..env.device import DEVICE_CHOICES
 from ..env.rendezvous import unresolved
 from ..errors import SpriteUsageError
+from ..plumbing.mutants import MutantSpec, select_mutants
 from .markers import parse_positive_int, parse_timeout
 
 __all__ = [
@@ -209,6 +210,24 @@ OPTIONS: Final = (
         "on|off",
     ),
     _Option(
+        "--sprite-mutate",
+        "sprite_mutate",
+        "sprite_mutate",
+        "SPRITE_MUTATE",
+        "Run each ranks test again under each applicable mutant (a planted distributed bug) and report which "
+        "its checks kill: a comma list of families (collective), mutant names or specs "
+        "(skip_allreduce@rank1:from3), or all. Default: off.",
+        "MUTANTS",
+    ),
+    _Option(
+        "--sprite-mutate-fail-under",
+        "sprite_mutate_fail_under",
+        "sprite_mutate_fail_under",
+        "SPRITE_MUTATE_FAIL_UNDER",
+        "Fail the session when --sprite-mutate's score (killed / applicable, 0-1) is below SCORE.",
+        "SCORE",
+    ),
+    _Option(
         "--qwen-path",
         "sprite_qwen_path",
         "qwen_path",
@@ -335,6 +354,10 @@ class Settings:
     """``--world-check``: a local world beyond the machine's measured limits is refused before any fork."""
     reuse: str = "auto"
     """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
+    mutate: tuple[MutantSpec, ...] = ()
+    """``--sprite-mutate``: the mutants each ranks test runs under after its own run; empty: off."""
+    mutate_fail_under: float | None = None
+    """``--sprite-mutate-fail-under``: the lowest mutation score that passes the session."""
 
     @classmethod
     def from_config(cls, config: pytest.Config, *, launchers: Sequence[str]) -> Settings:
@@ -397,6 +420,8 @@ class Settings:
             torch_tests=torch_tests_name,
             reuse=reuse_name,
             world_check=parse_on_off(*world_check) if world_check else True,
+            mutate=_mutants(get("sprite_mutate")),
+            mutate_fail_under=_fail_under(get("sprite_mutate_fail_under")),
         )
 
 
@@ -427,6 +452,31 @@ def _controller_host(raw: tuple[Any, str] | None, *, agent: bool) -> str | None:
             "reach this host by, or leave it unset (launched agents: this host's name; local ones: 127.0.0.1)"
         )
     return host
+
+
+def _mutants(raw: tuple[Any, str] | None) -> tuple[MutantSpec, ...]:
+    """``--sprite-mutate``'s selection (``off`` or unset: none); a bad name fails naming the source."""
+    if raw is None or str(raw[0]).strip().lower() in ("", "off", "none"):
+        return ()
+    try:
+        return select_mutants(str(raw[0]), raw[1])
+    except ValueError as exc:
+        raise SpriteUsageError(str(exc)) from None
+
+
+def _fail_under(raw: tuple[Any, str] | None) -> float | None:
+    """``--sprite-mutate-fail-under``: a score from 0 to 1."""
+    if raw is None:
+        return None
+    try:
+        score = float(raw[0])
+    except ValueError:
+        score = -1.0
+    if not 0.0 <= score <= 1.0:
+        raise SpriteUsageError(
+            f"{raw[1]}={raw[0]!r} is not a score; give a number from 0 to 1 (killed / applicable)"
+        )
+    return score
 
 
 def _device_name(device: tuple[Any, str] | None) -> str:

@@ -23,6 +23,7 @@ import pytest
 from ..errors import LaunchError, LeftoverProcessWarning, SpriteUsageError
 from ..glue.around import around_ranks_key
 from ..glue.collected import store_collected
+from ..glue.mutation import MutationBook, mutation_key
 from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
 from ..glue.results import progress_line, write_progress
@@ -36,6 +37,7 @@ from ..plumbing.protocol import (
     AgentLost,
     ChildExited,
     Collected,
+    CollectivesCalled,
     EndedBy,
     Interrupted,
     Output,
@@ -47,6 +49,7 @@ from ..plumbing.protocol import (
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.stacks import STACK_WAIT
 from ..plumbing.timing import monotonic, wall
+from .mutation import killed, mutants_to_run
 from .pool import AgentPool
 from .rank_end import RankEnd
 from .reporting import log_run, log_warnings, merge_run
@@ -115,6 +118,14 @@ class Controller:
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
         session_started()  # before any agent is forked: where the ranks of a measured session write
+        self.book: MutationBook | None = None
+        """``--sprite-mutate``: each test's killed and surviving mutants (also on the config's stash)."""
+        if settings.mutate:
+            self.book = config.stash[mutation_key] = MutationBook([s.text for s in settings.mutate])
+        self.mutant_parent: dict[int, _Run] = {}
+        """Mutant run id -> the test's own run, logged once its last mutant run has ended."""
+        self.mutants_left: dict[int, set[int]] = {}
+        """The test's own run id -> its mutant runs still queued or running."""
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
 
@@ -154,9 +165,10 @@ class Controller:
         if torch_missing_key in item.stash:  # runs here, failing before its fixtures import torch
             pytest.fail(item.stash[torch_missing_key], pytrace=False)
 
-    def pytest_sessionfinish(self) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.shutdown()
         combine_rank_data()
+        self.mutation_verdict(session)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         line = self.use.line(pack=self.pack)
@@ -236,7 +248,7 @@ class Controller:
         """``--pack=off``: run ``item`` on agents 0..n-1 and log it before the next test starts."""
         run = self.submit(item, nextitem, n)
         try:
-            while not run.done:
+            while not run.done:  # under --sprite-mutate: until its mutant runs have ended too
                 self.pump(timeout=0.1)
         except KeyboardInterrupt:
             self.shutdown()
@@ -256,7 +268,10 @@ class Controller:
         if stopping and self.queued:
             if self.scheduler is not None:
                 self.scheduler.stop()
+            dropped = [run for run in self.queued.values() if run.mutant is not None]
             self.queued.clear()
+            for run in dropped:  # their tests are still logged, without the mutants that never ran
+                self._mutant_finished(run, dropped=True)
         return stopping
 
     def drain(self) -> None:
@@ -266,12 +281,21 @@ class Controller:
 
     # -- submitting and starting -----------------------------------------------------------------
 
-    def submit(self, item: pytest.Item, nextitem: pytest.Item | None, n: int) -> _Run:
-        """Queue ``item`` behind every test submitted before it and start what can start."""
+    def submit(
+        self, item: pytest.Item, nextitem: pytest.Item | None, n: int, *, mutant: str | None = None
+    ) -> _Run:
+        """Queue ``item`` behind every test submitted before it and start what can start; ``mutant``: a
+        ``--sprite-mutate`` run of the item under that mutant."""
         timeout, source = item_timeout(item, self.settings)
         self._run_ids += 1
         run = _Run(
-            run_id=self._run_ids, item=item, nextitem=nextitem, n=n, timeout=timeout, timeout_source=source
+            run_id=self._run_ids,
+            item=item,
+            nextitem=nextitem,
+            n=n,
+            timeout=timeout,
+            timeout_source=source,
+            mutant=mutant,
         )
         self.queued[run.run_id] = run
         try:
@@ -412,7 +436,7 @@ class Controller:
                 basetemp=basetemp,
                 settings=self.settings,
                 seed=self.hypothesis_seed,
-                last=run.item.nodeid == self.last_ranks_test,
+                last=run.item.nodeid == self.last_ranks_test and not self.settings.mutate,
             )
             pool.send(agent, "run", spec)
 
@@ -455,11 +479,56 @@ class Controller:
             self.use.finished(run.run_id, monotonic())
 
     def _finished(self, run: _Run) -> None:
-        """Every rank of ``run`` has ended: free its agents, count it, and log it when packed."""
+        """Every rank of ``run`` has ended: free its agents, count it, and log it when packed (after its
+        mutant runs under ``--sprite-mutate``; a mutant run is only counted in the book)."""
         self._release(run)
+        if run.mutant is not None:
+            self._mutant_finished(run)
+            return
         around = run.item.stash.get(around_ranks_key, None)
         if around is not None:  # torch's parent side: tearDown, and its exit-code rule (issue 26)
             around.after(run.reports, run.ends)
+        if self.book is not None and self._submit_mutants(run):
+            return  # logged when its last mutant run has ended
+        self._complete(run)
+
+    def _submit_mutants(self, run: _Run) -> bool:
+        """Queue ``run``'s test once per applicable mutant; whether any was queued."""
+        assert self.book is not None
+        entry = self.book.test(run.item.nodeid)
+        stopping = self._stopping(run.item.session)
+        to_run, entry.not_applicable, entry.not_run = mutants_to_run(
+            self.settings.mutate, run, self.merge(run), stopping=stopping
+        )
+        for text in to_run:
+            mutant_run = self.submit(run.item, run.nextitem, run.n, mutant=text)
+            self.mutant_parent[mutant_run.run_id] = run
+            self.mutants_left.setdefault(run.run_id, set()).add(mutant_run.run_id)
+        return bool(to_run)
+
+    def _mutant_finished(self, run: _Run, *, dropped: bool = False) -> None:
+        """A mutant run ended (or was dropped by a stopping session): count it; log its test after the last."""
+        parent = self.mutant_parent.pop(run.run_id)
+        assert self.book is not None and run.mutant is not None
+        if not dropped:
+            self.book.count(parent.item.nodeid, run.mutant, killed=killed(self.merge(run), run))
+        left = self.mutants_left[parent.run_id]
+        left.discard(run.run_id)
+        if not left:
+            del self.mutants_left[parent.run_id]
+            self._complete(parent)
+
+    def mutation_verdict(self, session: pytest.Session) -> None:
+        """``--sprite-mutate-fail-under``: a session whose score is lower fails (the tests' outcomes stand)."""
+        floor = self.settings.mutate_fail_under
+        if self.book is None or floor is None:
+            return
+        score = self.book.score
+        if score is not None and score < floor and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _complete(self, run: _Run) -> None:
+        """The test is done: log it when packed (``run_alone`` logs it itself)."""
         run.done = True
         if run.interrupted and self.interrupt is None:
             self.interrupt, self.exit_code = run.interrupted, run.exit_code
@@ -519,12 +588,22 @@ class Controller:
         if report.failed:
             run.note_failure(rank)
 
+    def on_collectives_called(
+        self, pool: AgentPool, run: _Run, rank: int, payload: CollectivesCalled
+    ) -> None:
+        """Emitted by a child under ``--sprite-mutate`` at the end of its test: the ops its collectives called."""
+        run.called[rank] = list(payload["ops"])
+
     def on_collected(self, pool: AgentPool, run: _Run, rank: int, payload: Collected) -> None:
-        """Emitted by a child's ``world.collect(name, tensor)``."""
+        """Emitted by a child's ``world.collect(name, tensor)`` (a mutant run's tensors are not the test's)."""
+        if run.mutant is not None:
+            return
         store_collected(run.item, payload["name"], rank, payload["tensor"])
 
     def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: Output) -> None:
         """Emitted by a child under ``-s``: show what the rank printed, each line marked with its test and rank."""
+        if run.mutant is not None:
+            return
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:
             return
@@ -534,11 +613,15 @@ class Controller:
 
     def on_warning(self, pool: AgentPool, run: _Run, rank: int, payload: Warning_) -> None:
         """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
+        if run.mutant is not None:
+            return
         key = (payload["category"], payload["message"], payload["filename"], int(payload["lineno"]))
         run.warnings.setdefault(key, []).append(rank)
 
     def on_progress(self, pool: AgentPool, run: _Run, rank: int, payload: Progress) -> None:
         """Emitted by rank 0's child through ``pytest_sprite.progress``: show it now."""
+        if run.mutant is not None:
+            return
         write_progress(self.config, progress_line(run.item.nodeid, payload["message"]))
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:

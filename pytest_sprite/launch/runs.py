@@ -185,6 +185,10 @@ class _Run:
     """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
     hosts: dict[int, str] = field(default_factory=dict)
     """Host of each rank's agent, for the per-rank outcomes of the reports."""
+    mutant: str | None = None
+    """``--sprite-mutate``: the mutant this run plants (a spec string); None for the test's own run."""
+    called: dict[int, list[str]] = field(default_factory=dict)
+    """``--sprite-mutate``: rank -> the op names its collectives called (from ``collectives_called``)."""
 
     @property
     def live(self) -> list[int]:
@@ -242,5 +246,7 @@ class _Run:
             tmp_path=str(self.test_dir),
             hypothesis_seed=seed,
             collective_check=settings.collective_check,
+            mutant=self.mutant,
+            record_collectives=bool(settings.mutate),
             last=last,
         )

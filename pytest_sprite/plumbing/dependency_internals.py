@@ -23,6 +23,7 @@ __all__ = [
     "hypothesis_explicit_seed",
     "hypothesis_test_settings",
     "prewarm_hypothesis_patching",
+    "process_group_device_backend",
     "replace_hypothesis_settings",
     "torch_continuous_base",
     "torch_continuous_in_process",
@@ -305,3 +306,22 @@ def torch_continuous_run(cls: Any, test_id: str) -> None:
     the method; torch 2.7 - 2.14.1). No public entry.
     """
     cls._run_test_given_id(test_id)
+
+
+def process_group_device_backend(group: Any, backend: Any) -> bool:
+    """Give the Python process group ``group`` the real ``backend`` for CPU tensors; False where torch cannot.
+
+    ``--sprite-mutate``'s group is a ``ProcessGroup`` made in Python: torch's own Python and C++ callers reach
+    its methods, but the functional collectives (DTensor's redistributions) dispatch to the group's backend for
+    the tensor's device, which a Python group has none of. torch 2.13 offers only the private
+    ``ProcessGroup._register_backend(device, type, backend)`` for that (``init_process_group`` uses it).
+    Fallback: none registered; those collectives then fail with torch's "No backend type associated" error.
+    """
+    import torch
+    import torch.distributed as dist
+
+    register = getattr(group, "_register_backend", None)
+    if register is None:
+        return False
+    register(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    return True

@@ -34,6 +34,7 @@ __all__ = [
     "ChildDone",
     "ChildExited",
     "Collected",
+    "CollectivesCalled",
     "EndedBy",
     "FrameReader",
     "FrameTooLarge",
@@ -102,6 +103,10 @@ class RunSpec(TypedDict):
     """The session's hypothesis seed, decided once (``--hypothesis-seed`` or drawn), for every rank."""
     collective_check: bool
     """``--collective-check``: torch's collective fingerprint checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+    mutant: str | None
+    """``--sprite-mutate``: the mutant spec this run plants (``skip_allreduce@rank1:from3``), None for a clean run."""
+    record_collectives: bool
+    """``--sprite-mutate``: run on the recording process group and send ``collectives_called`` at the end."""
     last: bool
     """No ranks test of the session comes after this one: the agent prepares no spare child for a next
     test (one that comes anyway, a rerun say, gets a child forked when it starts)."""
@@ -216,6 +221,15 @@ class Interrupted(TypedDict):
     """``pytest.exit(..., returncode=N)``'s N: the session's exit status; absent: interrupted (2)."""
 
 
+class CollectivesCalled(TypedDict):
+    """``collectives_called``: the op names this rank's collectives called, in order (``--sprite-mutate``'s
+    clean run: a mutant whose op no rank called is not run for the test)."""
+
+    run_id: int
+    rank: int
+    ops: list[str]
+
+
 class ChildExited(TypedDict):
     """``child_exited``: the child ended; its status, output tail and stacks."""
 
@@ -279,6 +293,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
     "agent_ready": AgentReady,
     "report": Report,
     "collected": Collected,
+    "collectives_called": CollectivesCalled,
     "output": Output,
     "warning": Warning_,
     "progress": Progress,

@@ -205,9 +205,23 @@ class ChildSession:
             sink=self.channel.collect,
             collective_check=spec["collective_check"],
             test_dir=self._test_dir,
+            group_backend=self._mutant_backend if spec.get("record_collectives") else None,
         )
         _ready_barrier(self.store, rank=spec["rank"], world_size=spec["world_size"])
         return world
+
+    def _mutant_backend(self, backend: str) -> str:
+        """``--sprite-mutate``: the default group records its collectives and plants this run's mutant."""
+        from .mutant_backend import install
+
+        return install(self.spec.get("mutant"), backend)
+
+    def send_collectives_called(self) -> None:
+        """``--sprite-mutate``'s record of this rank's collectives, for the controller's applicability."""
+        if self.bound and self.spec.get("record_collectives"):
+            from .mutant_backend import called_ops
+
+            self.channel.send("collectives_called", ops=called_ops())
 
     def _join_without_group(self) -> World:
         """``ranks(n, init=False)``: device, variables and World, but no store and no default group (issue 26).
@@ -383,6 +397,7 @@ def run_child(
         with record_warnings(item):
             runtestprotocol(item)
         _send_uncaptured_output(item.config, channel, run_dir)
+        session.send_collectives_called()
         session.leave()
     except KeyboardInterrupt:
         channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}")

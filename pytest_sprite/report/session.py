@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.glue.mutation import mutation_key
 from pytest_sprite.glue.options import Settings
 from pytest_sprite.glue.output_paths import not_written
 from pytest_sprite.report.store import ResultStore
@@ -80,7 +81,11 @@ class SpriteReporter:
                 load_report_tables(self.config)
 
             present = set(report.user_properties)
-            report.user_properties.extend(p for p in junit_properties(entry) if p not in present)
+            props = junit_properties(entry)
+            book = self.config.stash.get(mutation_key, None)
+            if book is not None:
+                props += book.junit_properties(report.nodeid)
+            report.user_properties.extend(p for p in props if p not in present)
 
     def write_files(self, exitstatus: int) -> None:
         entries = list(self.store.tests.values())
@@ -104,6 +109,8 @@ class SpriteReporter:
             )
             if self.collect_errors:
                 document["collectors"] = list(self.collect_errors)
+            book = self.config.stash.get(mutation_key, None)
+            document["mutation"] = book.to_json() if book is not None else {}
             self.config.hook.pytest_sprite_report(report=document, config=self.config)
             try:
                 path = write_document(
@@ -137,6 +144,11 @@ class SpriteReporter:
 
             short = self.config.get_verbosity() < 0
             write_summary(terminalreporter, self.store.tests.values(), short=short)
+        book = self.config.stash.get(mutation_key, None)
+        if book is not None:
+            from pytest_sprite.report.mutation import write_mutation_table
+
+            write_mutation_table(terminalreporter, book)
         for what, path in self.written:
             terminalreporter.write_line(f"sprite: {what}: {path}")
         for line in self.not_written:

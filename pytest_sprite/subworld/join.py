@@ -103,11 +103,14 @@ def join_world(
     group_prefix: str | None = None,
     collective_check: bool = False,
     test_dir: Callable[[], Path] | None = None,
+    group_backend: Callable[[str], str] | None = None,
 ) -> tuple[World, Any]:
     """Device and default process group of this rank, on the store ``connect(timeout)`` returns.
 
     The World made is this process's current world. ``group_prefix`` keeps the group's keys apart from
-    what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check (issue 9).
+    what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check (issue 9);
+    ``group_backend`` maps the device's backend to the one the default group is made with (``--sprite-mutate``'s
+    recording and mutating wrapper).
     Returns the world and the store. Raises when this process already has a default process group: a fresh
     rank never does, and a group inherited through a fork must not be reused.
 
@@ -133,7 +136,7 @@ def join_world(
         store = connect(timeout)
         prefix_store: Any = getattr(dist, "PrefixStore")  # noqa: B009 (torch exports it without a stub)
         dist.init_process_group(
-            backend=backend,
+            backend=backend if group_backend is None else group_backend(backend),
             store=store if group_prefix is None else prefix_store(group_prefix, store),
             rank=seat.rank,
             world_size=seat.world_size,

@@ -80,7 +80,7 @@ RULES: dict[str, tuple[str, ...]] = {
     # The in-rank world knows nothing of the harness around it.
     "world": (),
     # The pytest glue: options, markers, tmp_path, results kept with items, pytest's internals.
-    "glue": ("env", "errors", "world"),
+    "glue": ("env", "errors", "plumbing", "world"),
     # The code under test never imports the plugin: only rank detection, the device chooser and errors.
     "lightning": ("env", "errors"),
     # Sub-worlds fork fresh ranks and hand them a world.

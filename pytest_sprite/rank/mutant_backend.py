@@ -1,0 +1,240 @@
+"""The process group a test child runs on under ``--sprite-mutate``: a real backend, recorded and mutated.
+
+A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo on
+CPU), registered under its own backend name and made the test's default group, so every caller reaches it:
+plain ``torch.distributed`` calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
+all-gather and reduce-scatter and DTensor's redistributions (sub-groups of a device mesh are made through
+the same backend name). Each collective runs on the real backend and is waited for, then the mutant (if
+any) changes the result in place, so DDP's futures see the changed tensors. The clean run records the op
+names each rank called: the controller runs a mutant only for a test that called its op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ..plumbing.mutants import MutantSpec, parse_spec
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BACKEND_NAME", "called_ops", "install"]
+
+BACKEND_NAME: Final = "sprite_mutant"
+"""The backend name the test's default group is made with under ``--sprite-mutate``."""
+
+_state: dict[str, Any] = {
+    "ops": [],
+    "spec": None,
+    "counts": {},
+    "stale": {},
+    "inner": "gloo",
+    "registered": False,
+}
+
+
+def called_ops() -> list[str]:
+    """The op names this rank's collectives called so far, in order (the default group and its sub-groups)."""
+    return list(_state["ops"])
+
+
+def install(mutant: str | None, inner_backend: str) -> str:
+    """Register the wrapper backend over ``inner_backend`` and plant ``mutant`` (a spec string, or None for
+    the recording clean run); the backend name for ``init_process_group``."""
+    import torch.distributed as dist
+
+    _state.update(
+        ops=[], counts={}, stale={}, inner=inner_backend, spec=parse_spec(mutant) if mutant else None
+    )
+    if not _state["registered"]:  # once per process; a forked child inherits it
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        _state["registered"] = True
+    return BACKEND_NAME
+
+
+def _create(options: Any, _backend_options: Any) -> Any:
+    import torch.distributed as dist
+
+    from ..plumbing.dependency_internals import process_group_device_backend
+
+    inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+    group = _wrapper_class()(inner, options.group_rank, options.group_size, str(options.group_id))
+    # DTensor's functional collectives reach the real backend directly: not recorded, not mutated
+    process_group_device_backend(group, inner)
+    return group
+
+
+_CLASS: list[type] = []
+
+
+def _wrapper_class() -> type:
+    """The ProcessGroup subclass, made once torch is imported (this module loads without torch)."""
+    if _CLASS:
+        return _CLASS[0]
+    import torch.distributed as dist
+
+    base: Any = (
+        dist.ProcessGroup
+    )  # its methods are overloaded in torch's stubs; these take torch's call forms
+
+    class MutantProcessGroup(base):  # type: ignore[misc]
+        """Every collective on the real backend, recorded, waited for, then mutated in place."""
+
+        def __init__(self, inner: Any, rank: int, size: int, name: str) -> None:
+            super().__init__(rank, size)
+            self.inner = inner
+            self.name_ = name
+
+        # torch's trampoline names (a ProcessGroup made in Python has no group name of its own)
+        def getBackendName(self) -> str:
+            return BACKEND_NAME
+
+        def getGroupName(self) -> str:
+            return self.name_
+
+        def getGroupDesc(self) -> str:
+            return f"{BACKEND_NAME} over {_state['inner']}"
+
+        def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+            return _allreduce(self, tensors, lambda ts: self.inner.allreduce(ts, opts))
+
+        def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+            return _allreduce(self, tensors, lambda ts: self.inner.allreduce_coalesced(ts, opts))
+
+        def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+            spec = _acting("broadcast", self)
+            if spec is not None and opts is not None:
+                opts.rootRank = (opts.rootRank + 1) % self.size()
+            return _done(self.inner.broadcast(tensors, opts))
+
+        def allgather(
+            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+        ) -> Any:
+            spec = _acting("allgather", self)
+            work = _done(self.inner.allgather(outputs, inputs, opts))
+            if spec is not None and self.size() > 1:
+                for out in outputs:
+                    a, b = out[0].clone(), out[1].clone()
+                    out[0].copy_(b)
+                    out[1].copy_(a)
+            return work
+
+        def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+            spec = _acting("allgather", self)
+            work = _done(self.inner._allgather_base(output, input, opts))
+            if spec is not None and self.size() > 1:
+                shards = output.view(self.size(), -1)
+                a = shards[0].clone()
+                shards[0].copy_(shards[1])
+                shards[1].copy_(a)
+            return work
+
+        def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+            return self._allgather_base(output, input, opts)
+
+        def reduce_scatter(
+            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+        ) -> Any:
+            spec = _acting("reduce_scatter", self)
+            if spec is None:
+                return _done(self.inner.reduce_scatter(outputs, inputs, opts))
+            import torch
+
+            full = torch.stack([t.clone() for t in inputs[0]])
+            work = _done(self.inner.allreduce([full]))
+            outputs[0].copy_(full[_shifted(self, spec)])
+            return work
+
+        def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+            spec = _acting("reduce_scatter", self)
+            if spec is None:
+                return _done(self.inner._reduce_scatter_base(output, input, opts))
+            full = input.clone()
+            work = _done(self.inner.allreduce([full]))
+            output.copy_(full.view(self.size(), *output.shape)[_shifted(self, spec)])
+            return work
+
+        def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+            return self._reduce_scatter_base(output, input, opts)
+
+        def barrier(self, opts: Any = None) -> Any:
+            return _done(self.inner.barrier(opts) if opts is not None else self.inner.barrier())
+
+        def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+            return self.inner.send(tensors, dst, tag)
+
+        def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+            return self.inner.recv(tensors, src, tag)
+
+        def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            return _done(self.inner.gather(outputs, inputs, opts))
+
+        def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            return _done(self.inner.scatter(outputs, inputs, opts))
+
+        def reduce(self, tensors: Any, opts: Any = None) -> Any:
+            return _done(self.inner.reduce(tensors, opts))
+
+        def alltoall_base(self, *args: Any) -> Any:
+            return _done(self.inner.alltoall_base(*args))
+
+        def alltoall(self, *args: Any) -> Any:
+            return _done(self.inner.alltoall(*args))
+
+    _CLASS.append(MutantProcessGroup)
+    return MutantProcessGroup
+
+
+def _done(work: Any) -> Any:
+    """Wait for the real collective, so a mutant changes its result before anyone reads it."""
+    work.wait()
+    return work
+
+
+def _acting(op: str, group: Any) -> MutantSpec | None:
+    """Record one call of ``op``; the spec when the planted mutant changes this call on this rank."""
+    _state["ops"].append(op)
+    counts: dict[str, int] = _state["counts"]
+    counts[op] = counts.get(op, 0) + 1
+    spec: MutantSpec | None = _state["spec"]
+    if spec is None or spec.mutant.op != op or counts[op] < spec.start:
+        return None
+    if not spec.acts_on(group.rank(), group.size()):
+        # collectives every rank must join in the same way (the wrong source, the shift) act on all ranks
+        return spec if spec.mutant.name in ("broadcast_wrong_source",) else None
+    return spec
+
+
+def _shifted(group: Any, spec: MutantSpec) -> int:
+    """The shard a rank receives: the next rank's where the shift acts on it, its own elsewhere."""
+    rank, size = group.rank(), group.size()
+    shard: int = (rank + 1) % size if spec.acts_on(rank, size) else rank
+    return shard
+
+
+def _allreduce(group: Any, tensors: list[torch.Tensor], run: Callable[[list[torch.Tensor]], Any]) -> Any:
+    """An all-reduce: the stale rank contributes an old copy, then the result is skipped or scaled."""
+    spec = _acting("allreduce", group)
+    name = spec.mutant.name if spec is not None else None
+    planted: MutantSpec | None = _state["spec"]
+    keeps_inputs = planted is not None and planted.mutant.name == "stale_allreduce"
+    own = [t.clone() for t in tensors] if name == "skip_allreduce" or keeps_inputs else []
+    stale: dict[tuple[Any, ...], Any] = _state["stale"]
+    if name == "stale_allreduce":
+        for t, mine in zip(tensors, own, strict=True):
+            old = stale.get((tuple(t.shape), t.dtype))
+            t.copy_(old if old is not None else mine.new_zeros(mine.shape))
+    if keeps_inputs:  # this call's input is the next call's stale copy
+        stale.update(((tuple(t.shape), t.dtype), mine) for t, mine in zip(tensors, own, strict=True))
+    work = _done(run(tensors))
+    if name == "skip_allreduce":
+        for t, mine in zip(tensors, own, strict=True):
+            t.copy_(mine)
+    elif name == "allreduce_sum_as_mean":
+        for t in tensors:
+            t.div_(group.size())
+    elif name == "allreduce_mean_of_world_plus_one":
+        for t in tensors:
+            t.mul_(group.size() / (group.size() + 1))
+    return work
