@@ -1,6 +1,6 @@
 """The seed's hardware cells, each run at its world size on this CPU machine, beside the seed's figures.
 
-For each cell of the lightning-sprite seed's Tested table (FP32 parity AF..X8F, criterion v2 A440..X8B,
+For each cell of the published hardware matrix (FP32 parity AF..X8F, criterion v2 A440..X8B,
 checkpoint resume AC32..X2CB) it runs the cell's checks in one pytest session at the cell's world size as a
 local world (``--ranks=N``, forked ranks, gloo, the tiny Qwen2 + LoRA), with the session store of clean results
 (``--sprite-reuse=auto``), so fault cases reuse the clean arms. The command of a criterion or resume cell is the
@@ -405,18 +405,31 @@ def environment(committed: bool) -> dict[str, Any]:
 
 
 INTRO = """\
-# The seed's cells on CPU
+# The hardware cells on CPU
 
-The lightning-sprite seed's hardware cells (its Tested table: FP32 parity AF to X8F, BF16 criterion v2 A440 to X8B,
-checkpoint resume AC32 to X2CB), each run at the cell's world size on this CPU machine: one pytest session per cell,
-a local world of forked ranks (`--ranks=N`, gloo, the tiny Qwen2 + LoRA of `lora_qwen`), the clean results shared
-through the session store (`--sprite-reuse=auto`) so fault cases reuse the clean arms. A criterion or resume cell
-runs the command `hpc/aurora/README.md` or `hpc/slurm/README.md` gives for its machine (the same tests and `-k`);
-an FP32 parity cell runs the shipped suite's `test_lora_parity` at its size. Results and figures come from each
-session's `--sprite-report` JSON. What ran on the real machines is on [Tested](../tested.md): the hardware cells are
-not run with pytest-sprite yet, so the seed's column is the seed's own run (Qwen2.5-0.5B on A100s or Aurora tiles).
+FP32 parity, criterion v2 and the checkpoint resume check were published with a hardware matrix
+([where the rules come from](../explanation/where-the-rules-come-from.md)): FP32 parity AF to X8F, BF16 criterion v2 A440 to X8B, checkpoint resume AC32 to
+X2CB. This page runs each of them at its world size on a CPU machine.
 
-Read the "here" column as "the same checks pass at the same world size"; the figures are not the seed's
+## What a cell is
+
+A **cell** is one check at one world size on one machine: X2B is criterion v2 at 24 ranks on 2 Aurora nodes (12
+tiles each), AC32 the FP32 checkpoint resume at 4 ranks on 4 A100s. The names are those of the published
+matrix; the first table below gives each cell's check, hardware and world size. Each cell is one command of the job scripts (`hpc/aurora/README.md`,
+`hpc/slurm/README.md`); what ran on the real machines is on [Tested](../tested.md).
+"""
+
+METHOD = """\
+## How the cells ran here
+
+One pytest session per cell, a local world of forked ranks (`--ranks=N`, gloo, the tiny Qwen2 + LoRA of
+`lora_qwen`), the clean results shared through the session store (`--sprite-reuse=auto`) so fault cases reuse the
+clean arms. A criterion or resume cell runs the command `hpc/aurora/README.md` or `hpc/slurm/README.md` gives for
+its machine (the same tests and `-k`); an FP32 parity cell runs the shipped suite's `test_lora_parity` at its size.
+Results and figures come from each session's `--sprite-report` JSON. The hardware cells have not run with
+pytest-sprite yet, so the "published" column is the published run (Qwen2.5-0.5B on A100s or Aurora tiles).
+
+Read the "here" column as "the same checks pass at the same world size"; the figures are not the published
 magnitudes (another model, CPU kernels, gloo). Wall time and memory are this machine's: 2 cores shared by every
 rank (and, on a shared machine, by other work: the load average is given with each cell; above 2, the times are a
 loaded machine's, an order of magnitude at best). Peak PSS is the summed proportional set size of the session's
@@ -435,16 +448,17 @@ def page(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
     loads = ", ".join(f"{r['cell']} {r['load'][0]} / {r['load'][1]}" for r in measured)
     lines = [
         INTRO,
+        "## The cells",
+        "",
+        markdown_table(CELL_HEADERS, cell_rows(cells, records)),
+        "",
+        METHOD,
         "- Command: " + ("; ".join(f"`{c}`" for c in commands) or "`OMP_NUM_THREADS=1 python bench/cells.py`")
         + " (each cell's pytest command is in the last table).",
         f"- Date: {dates[0]} to {dates[-1]} (each cell's in its row)." if dates else "- Date: nothing measured yet.",
         "- Machine: " + ("; ".join(machines) or "-") + f". Load average before / after each cell: {loads or '-'}.",
         "- Versions: " + ("; ".join(versions) or "-")
         + f"; commit {', '.join(sorted({r['commit'] for r in measured})) or '-'}.",
-        "",
-        "## The cells",
-        "",
-        markdown_table(CELL_HEADERS, cell_rows(cells, records)),
     ]  # fmt: skip
     for title, headers, rows in detail_tables(cells, records):
         lines += ["", f"## {title}", "", markdown_table(headers, rows)]

@@ -241,9 +241,9 @@ def cell_rows(cells: list[Cell], records: dict[str, dict[str, Any]]) -> list[lis
 CELL_HEADERS = (
     "Cell",
     "Check",
-    "Seed hardware",
+    "Hardware",
     "Ranks",
-    "Seed result",
+    "Published result",
     "Here (CPU, local world)",
     "Wall s",
     "Peak PSS GB",
@@ -256,7 +256,7 @@ def detail_tables(
 ) -> list[tuple[str, list[str], list[list[str]]]]:
     """The seed's per-cell figure tables, each figure as ``seed / here``."""
     seed = seed_figures()
-    sides = " (seed / here)"
+    sides = " (published / here)"
     specs = [
         ("FP32 comparisons against the single-device reference", "parity", "fp32", 1, 1,
          ["Cell", "Arm", "Ranks", "Global batch", "Result", "Pre-clip norm rel", "Post-clip norm rel",

@@ -259,7 +259,7 @@ class CrashMatrix:
         )
 
     def table(self) -> str:
-        """The matrix as the seed prints it: one row per crash point, the control first."""
+        """The matrix as a table: one row per crash point, the control first."""
         headers = (
             "Point",
             "Rank",

@@ -124,7 +124,7 @@ class ArmParity:
         return not self.failed
 
     def row(self) -> list[str]:
-        """This arm's cells in the seed's table layout."""
+        """This arm's cells in the FP32 parity table."""
         return list(parity_cells(self.to_dict(), "pass" if self.passed else "FAIL"))
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,7 +156,7 @@ class ParityResult(ArmsResult):
     """One entry per compared arm, in the order given."""
 
     def table(self) -> str:
-        """The seed's FP32 table: arm, ranks, global batch, result and the four figures."""
+        """The FP32 parity table: arm, ranks, global batch, result and the four figures."""
         return render_table(SEED_HEADERS, [a.row() for a in self.arms])
 
     def report(self) -> str:
@@ -231,7 +231,7 @@ PARITY_KIND = pass_or_fail_kind(
 def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> ParityResult:
     """Require every arm to match the single-device FP32 reference within ``rtol``; return the figures.
 
-    Raises :class:`ParityError` (an ``AssertionError``) with the seed's table when any arm fails a check,
+    Raises :class:`ParityError` (an ``AssertionError``) with the parity table when any arm fails a check,
     and :class:`ParityRefused` when the records cannot be compared at all.
     """
     _check_inputs(ref, arms, rtol)

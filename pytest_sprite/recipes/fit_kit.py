@@ -205,21 +205,44 @@ class HookedSGD(torch.optim.SGD):
 
 @contextlib.contextmanager
 def fit_numerics() -> Iterator[None]:
-    """The fit's numerics and quiet: TF32 off and highest-precision FP32 matmuls (the seed's rule), and
+    """The fit's numerics and quiet: TF32 off and highest-precision FP32 matmuls (the FP32 parity rule), and
     Lightning's per-fit banners and few-workers hint silenced; all restored afterwards."""
     matmul = torch.backends.cuda.matmul.allow_tf32
-    cudnn = torch.backends.cudnn.allow_tf32
     precision = torch.get_float32_matmul_precision()
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     try:
-        with quiet_lightning():
+        with _cudnn_tf32_off(), quiet_lightning():
             yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
         torch.set_float32_matmul_precision(precision)
+
+
+@contextlib.contextmanager
+def _cudnn_tf32_off() -> Iterator[None]:
+    """cuDNN's TF32 off, restored afterwards; through cuDNN's ``flags()`` where plain assignment is locked.
+
+    torch's own test utilities (``torch.testing._internal.common_utils``, imported by a collected
+    ``MultiProcessTestCase`` file) lock plain assignment to the cuDNN flags for the whole process.
+    """
+    cudnn = torch.backends.cudnn
+    before = cudnn.allow_tf32
+    try:
+        cudnn.allow_tf32 = False
+    except RuntimeError:  # "not allowed to set torch.backends.cudnn flags after disable_global_flags"
+        with cudnn.flags(
+            enabled=cudnn.enabled,
+            benchmark=cudnn.benchmark,
+            deterministic=cudnn.deterministic,
+            allow_tf32=False,
+        ):
+            yield
+        return
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32 = before
 
 
 @contextlib.contextmanager

@@ -149,7 +149,7 @@ class Recipe(RecipeSpec):
     ) -> ResumeRun:
         """Every role of the checkpoint resume check on this recipe, each in its own sub-world.
 
-        What ``assert_resume_bitexact(recipe, ...)`` calls: the seed's Checkpoints recipe (AdamW, a per-step
+        What ``assert_resume_bitexact(recipe, ...)`` calls: the checkpoint resume check's recipe (AdamW, a per-step
         LR schedule, global-norm clipping, 2 epochs of 3 steps, global batch 2 x the test's ranks) trained
         on this recipe's model, rows and loss. Call it on every rank. The roles run in fresh processes, so
         the recipe must pickle: its callables must be top-level functions or classes, not lambdas. Rank 0

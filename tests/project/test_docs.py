@@ -5,7 +5,8 @@ Each fenced ``python`` block is an example. A comment on the line before the fen
 - ``<!-- example: run -->`` (the default for a block that defines ``test_`` functions): the block is saved as
   its own test file and run in one pytester session with ``--ranks=4``; every test in it must pass.
 - ``<!-- example: slow -->``: the same, in a second session that runs only with ``--run-slow`` (examples that
-  train models: minutes on 2 cores).
+  train models: minutes on 2 cores). Both sessions pass ``--torch-tests=ranks``, so a torch
+  ``MultiProcessTestCase`` class runs on ranks, one test per ``test_`` method.
 - ``<!-- example: conftest -->``: the block is the fast session's ``conftest.py`` (a hook example).
 - ``<!-- example: fragment -->`` (the default for a block without tests): compiled, its names imported from
   ``pytest_sprite`` checked against ``__all__``, and its imports executed in the slow session.
@@ -115,7 +116,10 @@ def write_examples(pytester: pytest.Pytester, chosen: list[Example]) -> None:
 
 
 def run_session(pytester: pytest.Pytester, timeout: float, *args: str) -> pytest.RunResult:
-    return run_pytest(pytester, "--ranks=4", "--sprite-device=cpu", "-rfE", *args, timeout=timeout)
+    """``--torch-tests=ranks``: a page's torch ``MultiProcessTestCase`` runs on ranks, as the page says it does."""
+    return run_pytest(
+        pytester, "--ranks=4", "--sprite-device=cpu", "--torch-tests=ranks", "-rfE", *args, timeout=timeout
+    )
 
 
 def assert_all_passed(result: pytest.RunResult, expected: int) -> None:
@@ -129,6 +133,9 @@ def count_tests(chosen: list[Example]) -> int:
     total = 0
     for e in chosen:
         for node in ast.parse(e.code).body:
+            if isinstance(node, ast.ClassDef):  # a unittest class: one test per test_ method
+                total += sum(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") for n in node.body)
+                continue
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
             n = 1

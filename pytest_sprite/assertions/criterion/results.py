@@ -425,7 +425,7 @@ class CriterionResult:
         return out
 
     def rejection_table(self) -> str:
-        """The seed's fault table: fault, arm, status, rejecting evidence, observations, figures, tensors over."""
+        """The fault table: fault, arm, status, rejecting evidence, observations, figures, tensors over."""
         rows = [
             [
                 r["fault"],

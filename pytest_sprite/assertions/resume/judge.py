@@ -151,7 +151,7 @@ def assert_resume_bitexact(
     ``python -m pytest_sprite judge`` judge it again. A ``ResumeRun`` read back with
     :func:`~pytest_sprite.recipes.artifacts.load_resume_run` names its file the same way.
 
-    Raises :class:`ResumeError` with the seed's tables when a required check fails; returns the
+    Raises :class:`ResumeError` with the resume check's tables when a required check fails; returns the
     :class:`ResumeResult` otherwise.
     """
     if isinstance(recipe, ResumeRun):

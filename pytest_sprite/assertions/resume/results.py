@@ -168,7 +168,7 @@ class ResumeResult(ArmsResult):
     """Per role: wall seconds and process start-up seconds."""
 
     def verdict_table(self) -> str:
-        """The seed's run table: run, ranks, global batch, reshard ranks, verdict."""
+        """The resume check's run table: run, ranks, global batch, reshard ranks, verdict."""
         reshard = f"{self.ranks} → {self.reshard_ranks}" if self.reshard_ranks else "-"
         verdict = "pass" if self.passed else "FAIL: " + ", ".join(dict.fromkeys(f.check for f in self.failed))
         if self.fault is not None:
@@ -182,7 +182,7 @@ class ResumeResult(ArmsResult):
         return render_table(_ARM_HEADERS, [a.row() for a in self.arms])
 
     def gaps_table(self) -> str:
-        """The seed's reported continuation and reshard gaps, one row per resumed arm."""
+        """The reported continuation and reshard gaps, one row per resumed arm."""
         return render_table(_GAP_HEADERS, [[self.run, g.arm, *g.cells()] for g in self.gaps])
 
     def report(self) -> str:
