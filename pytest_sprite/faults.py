@@ -383,7 +383,7 @@ def registered_faults() -> Mapping[str, Fault]:
 
 
 _RESERVED: Final[dict[str, str]] = {}
-"""The seed's faults that a later version plants; each becomes a :data:`FAULTS` entry and leaves this table."""
+"""The lightning-sprite procedure's faults that a later version plants; each becomes a :data:`FAULTS` entry and leaves this table."""
 
 
 def get_fault(name: object) -> Fault:

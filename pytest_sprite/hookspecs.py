@@ -39,7 +39,7 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     and sub-world rank then starts with it loaded, copied on write instead of built again. Build CPU
     objects or import modules here; never touch a device or make a process group, as every process
     forked from this one must start fresh. The ``lora_qwen`` fixture builds its model here when a
-    collected test uses it (issue 22: a build per test child and per sub-world zygote before).
+    collected test uses it (a build per test child and per sub-world zygote before).
     """
 
 

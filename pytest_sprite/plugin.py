@@ -91,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(ranked_report, "sprite-ranked-reports")
     register_timeout_bridge(config)
     agent_address = config.getoption("sprite_agent", None)
-    if settings.torch_tests == "ranks":  # torch's MultiProcessTestCase tests on ranks (issue 26)
+    if settings.torch_tests == "ranks":  # torch's MultiProcessTestCase tests on ranks
         from .torch_tests import register
 
         register(config, agent=bool(agent_address))

@@ -1,8 +1,8 @@
 """Plain-text tables and number formatting shared by every assertion.
 
-The seed's measured tables are the model: one header row, one row per arm, figures with three
+The lightning-sprite procedure's measured tables are the model: one header row, one row per arm, figures with three
 significant digits, small figures in short scientific notation (``2.40e-6``) and exact zeros as ``0``.
-Each assertion defines its terminal table here as a :class:`Kind` (its title, the seed's column headers
+Each assertion defines its terminal table here as a :class:`Kind` (its title, the lightning-sprite procedure's column headers
 and a function from one ``to_dict()`` payload to its rows), and ``pytest_sprite.report.kinds`` registers
 that definition. Pure: no torch, no pytest.
 """
@@ -27,7 +27,7 @@ __all__ = [
 
 
 def format_figure(value: float) -> str:
-    """Format a relative error or ratio as the seed's tables do.
+    """Format a relative error or ratio as the lightning-sprite procedure's tables do.
 
     ``0`` for an exact zero, ``2.40e-6`` below 0.01, three significant digits otherwise
     (``0.238``, ``3``, ``47.5``); ``nan`` and ``inf`` spelled out so they are never mistaken for small.

@@ -1,4 +1,4 @@
-"""Crash consistency judged: the ckpt-chaos seed's verdict rules as pure functions over stored facts.
+"""Crash consistency judged: the ckpt-chaos method's verdict rules as pure functions over stored facts.
 
 Each crash point's row holds only facts (how the resume ended, the weight difference to the fault-free run,
 which checkpoints were complete, which one the resume used); its verdict is derived from them by
@@ -148,7 +148,7 @@ class CrashRow:
 
 
 def judge_row(row: CrashRow, *, atol: float, saves: Sequence[str]) -> Verdict:
-    """The verdict the seed's rules give ``row``; ``saves`` lists the checkpoints in save order (oldest first)."""
+    """The verdict ckpt-chaos's rules give ``row``; ``saves`` lists the checkpoints in save order (oldest first)."""
     if row.resume_status != "returned":
         return "HARD_FAIL"
     diff = row.weight_diff

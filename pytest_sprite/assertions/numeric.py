@@ -4,12 +4,12 @@ One rule for values that are not finite, everywhere a figure measures how far ap
 
 - equal values are 0 apart (``==``: an infinity equals itself, ``-0.0`` equals ``0.0``);
 - otherwise a NaN or an infinity on either side, or a zero reference, gives ``inf``: such a figure is never
-  within a limit, and a NaN never reaches a table as a small number (the seed's relative errors are finite
+  within a limit, and a NaN never reaches a table as a small number (the lightning-sprite procedure's relative errors are finite
   by construction, and its checks fail what is not);
 - an L2 measure is 0 when the difference is exactly 0, and ``inf`` when the difference is not finite or the
   base is 0.
 
-Bit equality is the seed's "bit-identical": same dtype, same shape, same bytes (a NaN equals the same NaN,
+Bit equality is the lightning-sprite procedure's "bit-identical": same dtype, same shape, same bytes (a NaN equals the same NaN,
 ``-0.0`` differs from ``0.0``). In JSON a non-finite float is written as its ``repr`` (``'inf'``, ``'nan'``).
 Torch is imported only where tensors are compared.
 """

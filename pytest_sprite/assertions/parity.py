@@ -1,8 +1,8 @@
-"""FP32 parity: distributed arms against the single-device reference, as the lightning-sprite seed rules.
+"""FP32 parity: distributed arms against the single-device reference, as the lightning-sprite procedure rules.
 
 Every arm must match the reference within ``rtol`` (relative) on the per-step global gradient norm before
 and after clipping (every rank) and on the whole-run weight update, and must leave every frozen tensor
-unchanged. The seed's preconditions are checked too, because a run that breaks them is not a parity
+unchanged. The lightning-sprite procedure's preconditions are checked too, because a run that breaks them is not a parity
 run: every arm starts from the reference's weights, trains the reference's rows at every step (each row
 once across ranks), and ends with bitwise-equal replicas. Records that cannot be compared at all (no
 reference, a "distributed" arm on one device, different recipes) are refused with an error, never passed.
@@ -68,7 +68,7 @@ PARITY_HEADERS: tuple[str, ...] = (
 )
 """The parity table's columns, as the terminal shows them (rows of many tests, so each names its rtol).
 
-The assertion's own table is the seed's FP32 layout: the same columns with the arm's ``Result`` in place of
+The assertion's own table is the lightning-sprite procedure's FP32 layout: the same columns with the arm's ``Result`` in place of
 the rtol, which its heading gives once.
 """
 _RTOL_AT = PARITY_HEADERS.index("rtol")
@@ -203,7 +203,7 @@ def parity_verdict(arm: Mapping[str, Any], payload: Mapping[str, Any]) -> str:
 
 
 def parity_rows(payload: Mapping[str, Any]) -> list[Row]:
-    """One row per arm, in the seed's FP32 layout, with the tolerance the arm was held to."""
+    """One row per arm, in the lightning-sprite procedure's FP32 layout, with the tolerance the arm was held to."""
     rtol = format_limit(float(payload["rtol"]))
     return [
         Row(
@@ -250,7 +250,7 @@ def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> Parit
 
 
 def _configuration(rec: ArmRecord) -> tuple[object, ...]:
-    """What makes a one-device arm another configuration than the reference (issue 9)."""
+    """What makes a one-device arm another configuration than the reference."""
     return (rec.arm, rec.strategy, rec.precision, rec.accumulate, rec.fault)
 
 
@@ -263,7 +263,7 @@ def _describe_configuration(rec: ArmRecord) -> str:
 def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
     if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
         raise ParityRefused(
-            f"rtol must be a number in (0, 1), got {rtol!r}; the seed's FP32 rule uses rtol=1e-4"
+            f"rtol must be a number in (0, 1), got {rtol!r}; the lightning-sprite procedure's FP32 rule uses rtol=1e-4"
         )
     if ref is None:
         raise ParityRefused(
@@ -297,7 +297,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
         if not norm > clip:
             raise ParityRefused(
                 f"the clip is not active in the reference at step {step}: pre-clip norm {norm:.6g} <= clip {clip:g}; "
-                "the seed's rule needs an active global-norm clip at every step: pass a smaller clip="
+                "the lightning-sprite procedure's rule needs an active global-norm clip at every step: pass a smaller clip="
             )
 
 

@@ -1,6 +1,6 @@
 """Crash consistency of checkpoint saves: kill a run at every file event, tear written files, resume, judge.
 
-What the ckpt-chaos seed describes, inside the plugin: ``events`` (the log format), ``inject`` (the recorder
+What ckpt-chaos describes, inside the plugin: ``events`` (the log format), ``inject`` (the recorder
 inside a run, which makes every file event a sub-world kill point), ``runs`` (one run: a sub-world of forks
 whose kill plan is the crash), ``targets`` (a function, a command), ``matrix``
 (building it), ``protocols`` (planted save protocols), ``hf`` (Hugging Face Trainer on a tiny in-memory

@@ -1,4 +1,4 @@
-"""The keyword form of ``assert_crash_consistent`` from before its targets were built by constructors (issue 21).
+"""The keyword form of ``assert_crash_consistent`` from before its targets were built by constructors.
 
 ``pytest_sprite.assert_crash_consistent`` takes a target built by ``crash_fn``, ``crash_command``,
 ``crash_recipe`` or ``crash_hf_trainer``. This form, still importable as

@@ -1,4 +1,4 @@
-"""The crash targets users build: a training function, a command, a recipe's fit, HF Trainer (issue 21).
+"""The crash targets users build: a training function, a command, a recipe's fit, HF Trainer.
 
 Each constructor checks its arguments where the test builds the target (in a ranks test: on every rank, with
 the test's world) and returns a :class:`MatrixTarget`, the
@@ -134,7 +134,7 @@ def resolve_target(
         raise SpriteUsageError(
             f"ranks={ranks} is more than this ranks test's {world.size} ranks; a run's sub-world is at most the test's"
         )
-    # The lora_qwen fixture, or a project's Recipe (issue 15): the same Lightning fit on its model, rows and loss.
+    # The lora_qwen fixture, or a project's Recipe: the same Lightning fit on its model, rows and loss.
     if type(target).__name__ in ("LoraQwen", "Recipe"):
         return _recipe_target(target, strategy=strategy, ranks=ranks, world=world)
     if strategy is not None:

@@ -1,4 +1,4 @@
-"""Hugging Face ``Trainer`` as a crash-matrix target: a tiny in-memory GPT-2, the seed's schedule.
+"""Hugging Face ``Trainer`` as a crash-matrix target: a tiny in-memory GPT-2, ckpt-chaos's schedule.
 
 ``save_steps=5`` and ``max_steps=10``: the run saves ``checkpoint-5`` and ``checkpoint-10``, and a resume is
 ``trainer.train(resume_from_checkpoint=True)`` (Trainer's own auto-resume, which picks the highest-numbered
@@ -7,7 +7,7 @@
 matrix can judge LOST_WORK. No download: the config is built in memory (2 layers, 32 wide, vocabulary 64).
 
 With ``ranks=2`` every rank is a forked process with the launcher variables set, and Trainer (through
-accelerate) starts a gloo process group over them: the seed's two-rank setup.
+accelerate) starts a gloo process group over them: ckpt-chaos's two-rank setup.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ HF_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "WANDB_DISABLED": "true",
 }
-"""Environment of every Trainer run: quiet (as the seed's harness), offline."""
+"""Environment of every Trainer run: quiet (as ckpt-chaos's harness), offline."""
 
 
 def _tiny_gpt2() -> Any:

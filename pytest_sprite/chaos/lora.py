@@ -8,7 +8,7 @@ momentum and the recipe's global-norm clip by a real Lightning fit under one of 
   ``torch.distributed.checkpoint`` folder per save); ``fsdp_file``: the same with
   ``save_distributed_checkpoint=False`` (one full-state file).
 
-The schedule is the seed's Lightning one: 10 optimizer steps, a checkpoint every 5 (``ck-step=5.ckpt``,
+The schedule is ckpt-chaos's Lightning one: 10 optimizer steps, a checkpoint every 5 (``ck-step=5.ckpt``,
 ``ck-step=10.ckpt``) plus ``last.ckpt``, and the resume is ``fit(ckpt_path="last")`` whenever ``last.ckpt``
 exists. Every epoch is one step, so each save is at an epoch end (Lightning restarts a mid-epoch resume's data
 from the epoch's first batch: a known limitation, not what this matrix tests). Saves are marked complete after

@@ -66,7 +66,7 @@ def crash_points(
     """Every crash point of a fault-free run: each event of each rank, plus a torn one for each file write.
 
     ``select`` keeps only the events it accepts; ``tear="native"`` tears only the native writers' files
-    (``torch.save``, safetensors: the seed's built-in targets), ``"none"`` tears nothing. With ``max_points``,
+    (``torch.save``, safetensors: ckpt-chaos's built-in targets), ``"none"`` tears nothing. With ``max_points``,
     an evenly spaced sample of that many (first and last always kept).
     """
     points: list[CrashPoint] = []

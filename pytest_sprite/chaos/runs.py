@@ -1,6 +1,6 @@
 """One run of a crash matrix's target: a sub-world of fresh forks of the test process, one per rank.
 
-The runs are sub-worlds (``subworld.host.run_plain_world``), not a second process runner (issue 21): each
+The runs are sub-worlds (``subworld.host.run_plain_world``), not a second process runner: each
 rank is a fork of the calling process (so it costs a fork, not an ``import torch``), reports through the
 sub-world's frames and is watched, timed out and ended by its host. A matrix's rank joins no world of the
 harness's: it leads its own session, prints into the matrix's log file, takes the launcher variables it is

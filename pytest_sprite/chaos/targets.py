@@ -109,7 +109,7 @@ class CommandTarget:
     """An unmodified script: one interpreter per run, the injector loaded through ``sitecustomize``.
 
     ``{out}`` in the command (and in ``result_file``) becomes the run's training directory. An interpreter per
-    run is unavoidable for a command (the ckpt-chaos seed's ``run`` mode), and it has that mode's limits: only one
+    run is unavoidable for a command (the ckpt-chaos method's ``run`` mode), and it has that mode's limits: only one
     process (the command's own), LOST_WORK is not judged unless the script marks its saves, and a script that
     ships its own ``sitecustomize`` shadows the injector.
     """

@@ -432,7 +432,7 @@ def gloo_interface(variables: Mapping[str, str]) -> str | None:
 
     Gloo binds to the address this host's name resolves to. Debian and Ubuntu install a node with its
     name on ``127.0.1.1``: gloo then listens on loopback and gives that address to the ranks on other nodes,
-    which can never connect (issue 25). So when the world spans nodes (fewer local ranks than ranks), the
+    which can never connect. So when the world spans nodes (fewer local ranks than ranks), the
     user named no interface (``GLOO_SOCKET_IFNAME``) and the name is a loopback address, this is the
     interface that reaches the rendezvous host, or, on the rendezvous host itself, the default route's
     (else the first interface with an IPv4 address that is not loopback). None otherwise: gloo's choice.

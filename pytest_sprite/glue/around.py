@@ -1,7 +1,7 @@
 """What may run in the controller around a ranks test: before its ranks start, and after every rank ended.
 
 torch's ``MultiProcessTestCase`` runs its ``setUp`` and ``tearDown`` in the parent, once, around the
-processes it spawns; with ``--torch-tests=ranks`` (issue 26) that parent's side is an :class:`AroundRanks`
+processes it spawns; with ``--torch-tests=ranks`` that parent's side is an :class:`AroundRanks`
 kept in the item's stash, and the controller calls it. An ordinary ranks test has none.
 
 A ranks test may also carry other tests: its children run them after it, in the same processes (torch's

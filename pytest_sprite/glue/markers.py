@@ -35,7 +35,7 @@ PARAM_NAME: Final = "_sprite_world_size"
 """Hidden parameter that ``ranks([1, 2, 4])`` parametrizes over."""
 
 WORLD: Final = "world"
-"""``ranks("world")``: the whole world the session has (``--ranks``), whatever its size (issue 9)."""
+"""``ranks("world")``: the whole world the session has (``--ranks``), whatever its size."""
 
 Size = int | Literal["world"]
 
@@ -57,7 +57,7 @@ class RanksSpec:
     """The marker's ``timeout=`` in seconds, None when not given."""
     init: bool = True
     """``init=False``: each rank starts without a default process group, torchrun's variables set and
-    ``MASTER_PORT`` free, for a test that makes its own groups (issue 26)."""
+    ``MASTER_PORT`` free, for a test that makes its own groups."""
 
 
 ranks_spec_key: Final = pytest.StashKey[RanksSpec]()

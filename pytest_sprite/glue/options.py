@@ -345,15 +345,15 @@ class Settings:
     summary: str = "auto"
     """``--sprite-summary``: auto (tables shown, -q shortens them) or no."""
     pack: bool = True
-    """``--pack``: ranks tests side by side on free agents (issue 14); False runs one at a time."""
+    """``--pack``: ranks tests side by side on free agents; False runs one at a time."""
     launch_early: str = "auto"
     """``--launch-early``: auto, on or off; see ``Controller.launch_early``."""
     torch_tests: str = "native"
-    """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests, issue 26)."""
+    """``--torch-tests``: native, or ranks (torch's MultiProcessTestCase tests run as ranks tests)."""
     world_check: bool = True
     """``--world-check``: a local world beyond the machine's measured limits is refused before any fork."""
     reuse: str = "auto"
-    """``--sprite-reuse``: auto (clean results shared through the session store, issue 22) or off."""
+    """``--sprite-reuse``: auto (clean results shared through the session store) or off."""
     mutate: tuple[MutantSpec, ...] = ()
     """``--sprite-mutate``: the mutants each ranks test runs under after its own run; empty: off."""
     mutate_fail_under: float | None = None

@@ -126,7 +126,7 @@ def write_progress(config: pytest.Config, line: str) -> None:
 
     At pytest's default verbosity the line of progress dots is one line per module: a line of ours in
     between would break it in two after every arm, so progress is for ``-v``, where each test has its own
-    line anyway (issue 20).
+    line anyway.
     """
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or config.get_verbosity() < 1:

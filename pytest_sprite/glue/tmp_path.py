@@ -1,4 +1,4 @@
-"""``tmp_path`` in a ranks test: one directory per test, the same path on every rank (issue 9).
+"""``tmp_path`` in a ranks test: one directory per test, the same path on every rank.
 
 Each agent used to make its own basetemp, so the ranks of one test saw different ``tmp_path``
 directories, the agents' basetemps piled up unpruned and ``pytest-current`` pointed at a rank's.
@@ -42,7 +42,7 @@ __all__ = [
 _NAME_CHARS: Final = 30
 """pytest's own limit on a ``tmp_path`` directory name (``_pytest.tmpdir._mk_tmp``)."""
 _NOT_A_WORD_CHAR: Final = re.compile(r"[\W]")
-"""Compiled at import, so every forked test child inherits it instead of compiling it again (issue 23)."""
+"""Compiled at import, so every forked test child inherits it instead of compiling it again."""
 
 
 def tmp_path_name(item_name: str) -> str:
@@ -60,7 +60,7 @@ def make_test_dir(config: pytest.Config, item_name: str, *, now: bool, run_id: i
     ``now``: made here, named as pytest names ``tmp_path`` (the test uses one of :data:`TMP_FIXTURES`).
     Otherwise only named, ``<name>-run<run_id>``, and made by the first rank that needs it
     (``world.rank_path``, a fixture asked for at run time): most ranks tests never use one, and making
-    and pruning it cost the controller milliseconds per test (issue 23). The ``-`` keeps the name out
+    and pruning it cost the controller milliseconds per test. The ``-`` keeps the name out
     of pytest's numbering (its names hold only word characters and digits).
     """
     factory = tmp_path_factory(config)

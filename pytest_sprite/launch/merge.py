@@ -134,7 +134,7 @@ def merge_rank_reports(
     ``failure_order`` lists ranks in the order they failed: the first failure is shown first,
     since it is usually the cause and the others its consequence. A rank that left the test while
     its peers waited in a collective is shown first as the cause, their transport errors as its
-    consequences; ranks the harness ended are shown as one roll call (issue 27), which says how long
+    consequences; ranks the harness ended are shown as one roll call, which says how long
     taking their stacks took (``stacks_took``, seconds). The last merged report carries every rank's
     outcome (``sprite_ranks``, see :func:`rank_outcomes`); ``hosts`` names each rank's host. ``started_at``
     (wall clock) is when the test's ranks started: a rank that ended before its first report held its setup
@@ -227,8 +227,8 @@ def _blame_lost_peers(
     """Name the rank that left the test while its peers waited in a collective; return the causes.
 
     A rank whose error is a broken transport (``Connection closed by peer`` in a collective, a store
-    that reset) after a peer crashed (issue 20), exited, or returned from the test without the
-    collective the others were in (issue 27) lost its peer: its report says which rank, and keeps its
+    that reset) after a peer crashed, exited, or returned from the test without the
+    collective the others were in lost its peer: its report says which rank, and keeps its
     own error as one line of evidence. The ranks that lost the same peer in one phase share one text,
     so they fold (``ranks 0, 2-3 lost their peer: ...``). A cause whose own test passed gets a failed
     report that says what it did, so the summary names it, not a peer that did the right thing.

@@ -1,4 +1,4 @@
-"""Where each rank of a failed ranks test was, in a few lines: the roll call, and the rank that caused it (issue 27).
+"""Where each rank of a failed ranks test was, in a few lines: the roll call, and the rank that caused it.
 
 Pure: from the ranks' reports and how their children ended (with the stacks taken at a timeout or
 after a peer failed), each rank gets a place (``waiting in all_reduce (test.py:9)``, ``elsewhere, in

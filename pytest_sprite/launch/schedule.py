@@ -1,4 +1,4 @@
-"""Packing: which ranks tests start now, and on which agents (issue 14).
+"""Packing: which ranks tests start now, and on which agents.
 
 The world (``--ranks`` agents) is an allocation the user pays for; a ``ranks(2)`` test on agents 0-1
 of a world of 24 leaves 22 of them idle. The scheduler places each test on free agents so that

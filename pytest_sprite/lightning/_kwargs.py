@@ -41,7 +41,7 @@ def trainer_kwargs(
     both"): "bf16-mixed" (default) and "16-mixed" (and the aliases "bf16", "16", 16) autocast on the real
     device type via :class:`XPUMixedPrecision`; "32-true", "bf16-true" and "16-true" are Lightning's own.
     ``accelerator="cpu"`` gives the same strategies on CPU with gloo, which is how CI runs them;
-    ``accelerator="cuda"`` gives them on NVIDIA GPUs with nccl (the seed's A100 reference runs).
+    ``accelerator="cuda"`` gives them on NVIDIA GPUs with nccl (the lightning-sprite procedure's A100 reference runs).
 
     ``trainer_kwargs("single", devices=[3])`` pins tile 3; "auto" or 1 pins the current tile (or GPU). For
     "ddp" and "fsdp", ``devices="auto"`` is the launcher's processes per node when a launcher set it, else

@@ -1,8 +1,8 @@
 """What a rank's collectives say about a failure: the one it waits in, and a mismatch in short.
 
 Pure functions over a rank's stacks (read by :mod:`pytest_sprite.plumbing.stacks`) and torch's collective fingerprint error, so a timeout
-report can name the collective each rank waits in and where each rank is (:func:`whereabouts`, the
-roll call of issue 27), and a ``--collective-check`` failure shows each rank's op, shapes, dtypes and
+report can name the collective each rank waits in and where each rank is (:func:`whereabouts`, for the
+roll call), and a ``--collective-check`` failure shows each rank's op, shapes, dtypes and
 sequence number on one line. Stdlib only; both sides import it.
 """
 

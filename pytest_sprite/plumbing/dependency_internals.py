@@ -190,7 +190,7 @@ def fsdp_mixed_precision(module: Any) -> Any:
 
 
 TORCH_COMMON_DISTRIBUTED = "torch.testing._internal.common_distributed"
-"""torch's test-support module of ``MultiProcessTestCase``, ``TEST_SKIPS`` and ``get_timeout`` (issue 26)."""
+"""torch's test-support module of ``MultiProcessTestCase``, ``TEST_SKIPS`` and ``get_timeout``."""
 
 
 def torch_multiprocess_module() -> Any | None:

@@ -73,8 +73,8 @@ def hide_library_frames(config: Any) -> None:
     """Hide torch.distributed's and the harness's frames from this process's tracebacks, as pytest hides its own.
 
     Sets ``__tracebackhide__`` in the globals of every such module loaded so far, which pytest honours
-    for each frame running in them: a rank's failure then ends at the test's call of the collective
-    (issue 27), and that line is also where its short summary points. Called in a test child just
+    for each frame running in them: a rank's failure then ends at the test's call of the collective,
+    and that line is also where its short summary points. Called in a test child just
     before a report is made, so modules the test imported are covered; the child ends with the test,
     so nothing else sees the mark. ``--tb=long`` and ``--full-trace`` keep every frame.
     """

@@ -2,7 +2,7 @@
 
 Stdlib only at import: the local launcher (controller side) and the rank side both use it.
 
-Pre-warming is the harness's job (issue 21): before a process is forked from, it loads what every fork
+Pre-warming is the harness's job: before a process is forked from, it loads what every fork
 would otherwise load again on first use, so forks start warm. Three depths: :func:`preimport_torch`
 (an agent, before its test children), :func:`prewarm_training` (a crash matrix's test process, before its
 runs) and :func:`prewarm_fit` (a zygote, before the sub-world ranks of a Lightning fit). No device is
@@ -249,7 +249,7 @@ def _libc() -> Any:
     """The C library, for the Linux calls Python's os module lacks (prctl, madvise); None where unavailable.
 
     Loaded once per process tree: each ``CDLL`` makes a new function-pointer class, which cost every test
-    child two of them (a few hundred microseconds) when each call loaded its own (issue 23).
+    child two of them (a few hundred microseconds) when each call loaded its own.
     """
     try:
         import ctypes
@@ -323,7 +323,7 @@ def wait_for_exits(pids: Sequence[int], timeout: float) -> bool:
 
     Woken by the exit itself (a pidfd per child, Linux 5.3) rather than by polling: a session's end waits
     for its agents, which end a few milliseconds after they are told to, and a poll every few milliseconds
-    overshot that by up to its own period (issue 23). Elsewhere it polls every 10 ms.
+    overshot that by up to its own period. Elsewhere it polls every 10 ms.
     """
     deadline = monotonic() + timeout
     fds: list[int] = []

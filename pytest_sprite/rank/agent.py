@@ -85,7 +85,7 @@ class _ChildTracebacks:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         # Only a raised exception has frames to hide: marking every loaded module costs a passing test
-        # milliseconds of copy-on-write faults (it writes to each module's globals) for nothing (issue 23).
+        # milliseconds of copy-on-write faults (it writes to each module's globals) for nothing.
         if call.excinfo is not None:
             hide_library_frames(item.config)
         return (yield)
@@ -95,8 +95,8 @@ def prepare_children(config: pytest.Config, items: Sequence[pytest.Item]) -> Non
     """What every test child inherits from its agent: stacks it can always dump, tracebacks without our frames,
     no fixture state of the controller's, no measured lines but its own (under coverage).
 
-    The agent runs no test itself, so none of it touches the agent (issue 27); done here once, no child
-    pays for it (issue 23).
+    The agent runs no test itself, so none of it touches the agent; done here once, no child
+    pays for it.
     """
     keep_stack_dumps()
     fresh_session_state(items)
@@ -244,7 +244,7 @@ class Agent:
         The socket is already listening when the other ranks connect, so no client is refused and
         none waits out TCPStore's reconnect backoff; the port is the test's own. Reserved ahead, so
         a test starts without asking for it. Every agent holds one: with packing any agent may run
-        a test's rank 0 (issue 14).
+        a test's rank 0.
         """
         if self.reserved is None:
             self.reserved = store_listener(self.rendezvous_bind)
@@ -405,7 +405,7 @@ class Agent:
                 self.sock.sendall(frame)
                 if event == "report" and self.spare is None and not child.last:
                     # The test is set up: the next test's child prepares while this one runs, not
-                    # between the two tests, and not while this one starts (issue 14).
+                    # between the two tests, and not while this one starts.
                     self._fork_spare()
 
     def _release_finished_child(self) -> None:
@@ -413,7 +413,7 @@ class Agent:
 
         Tearing down a process that holds torch takes milliseconds the next test need not wait for. A child
         the harness was ending finished first (its collective broke when a peer was killed): the stacks
-        taken before the kill, and why it was being ended, are still its end's (lost at 48 ranks, issue 27).
+        taken before the kill, and why it was being ended, are still its end's (lost at 48 ranks).
         """
         child = self.child
         assert child is not None
@@ -477,7 +477,7 @@ class Agent:
                 tails.append(f"[{label}]\n{text}")
         stacks = self._stacks(child)
         # A child that crashed or was ended could not end what it started; its session still holds it.
-        # Its sub-world zygote is there too, ending with it: seen at 96 ranks as a leftover [pytest] (issue 27).
+        # Its sub-world zygote is there too, ending with it: seen at 96 ranks as a leftover [pytest].
         ended = end_session_leftovers(child.pid, settle=_SETTLE)
         self._child_ended(
             child,

@@ -2,8 +2,7 @@
 
 Each rank of a ranks test is its own process with its own hypothesis engine. For a collective inside
 the test not to deadlock, every rank must run the same examples in the same order, and every engine
-must take the same path (replay, generate, shrink). So, in each test child before the test runs
-(issue 9):
+must take the same path (replay, generate, shrink). So, in each test child before the test runs:
 
 - the seed is the one the controller decided for the session (``--hypothesis-seed`` when given, else
   drawn once), mixed with the test's id, so every rank's engine starts from the same random state
@@ -128,7 +127,7 @@ def prepare_given(
     Changes the test object in place: this is a fresh test child, nothing else runs it. ``seed_pinned``:
     the user gave ``--hypothesis-seed``, which already starts every rank's engine alike.
     ``only_harness_fixtures`` may be a callable: it is then asked only for a hypothesis test, so a test
-    that does not use hypothesis is never inspected (issue 26).
+    that does not use hypothesis is never inspected.
     """
     if "hypothesis" not in sys.modules:
         return False

@@ -3,8 +3,8 @@
 Every test child leads its own session (``os.setsid`` when it starts), and everything it starts
 inherits that session id, even a process that moves to a process group of its own or whose parent
 exits. When the test ends, what is still in the session was left behind by the test: it is sent
-SIGTERM, then SIGKILL after a short grace, and named (rank, pid, command) in the test's report
-(issue 9). A child that leaves the session (``start_new_session=True``, ``os.setsid``) is still a child
+SIGTERM, then SIGKILL after a short grace, and named (rank, pid, command) in the test's report.
+A child that leaves the session (``start_new_session=True``, ``os.setsid``) is still a child
 of the test child, a subreaper, and is found as such (:func:`escaped_sessions`) and named so; a daemon
 that double-forks into a new session and whose middle process exits is reparented to the subreaper too.
 
@@ -80,7 +80,7 @@ def started_nothing() -> bool:
     """True when this process (a subreaper) has no child process at all, so none can be left running.
 
     Reads ``/proc/self/task/<tid>/children`` of each thread: a few reads, where scanning the session
-    reads every process of the machine (a millisecond per test with a hundred of them, issue 23).
+    reads every process of the machine (a millisecond per test with a hundred of them).
     False whenever it cannot tell (no such files: the full search runs).
     """
     try:
@@ -140,7 +140,7 @@ def _dying(pid: int) -> bool:
 
     Such a process did not outlive the test: it dies with it. The sub-world zygote is one, killed when
     its test child ends (PR_SET_PDEATHSIG); caught here while it exited, with its command line already
-    gone, it was named ``[python]``, a leftover of a test that started no process (issue 27).
+    gone, it was named ``[python]``, a leftover of a test that started no process.
     """
     try:
         data = (_PROC / str(pid) / "stat").read_bytes().decode("utf-8", "replace")

@@ -28,7 +28,7 @@ def _preimport_hypothesis(items: Mapping[str, pytest.Item]) -> None:
 
     Hypothesis imports its patch writer (libcst) while it makes a failure's report: seconds in every
     failing child, long enough for the grace after a failed rank (--rank-grace) to end the ranks and
-    add a teardown error to the test (issue 9).
+    add a teardown error to the test.
     """
     if "hypothesis" not in sys.modules:
         return

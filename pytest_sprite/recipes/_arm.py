@@ -4,7 +4,7 @@ Loaded only when ``Recipe.run`` (or ``LoraQwen.run``) is called (it imports torc
 code-under-test strategies from ``pytest_sprite.lightning.trainer_kwargs`` (or the user's strategy) with
 Lightning's automatic optimization, accumulation and clipping, so what is checked is what users run.
 Only the data order is taken out of Lightning's hands: Lightning replaces the training sampler with a
-shuffling DistributedSampler (the seed's first pitfall), so the arm passes ``use_distributed_sampler=False``
+shuffling DistributedSampler (the lightning-sprite procedure's first pitfall), so the arm passes ``use_distributed_sampler=False``
 and shards rows itself, strided by the rank and replica count the strategy reports, exactly as an
 unshuffled DistributedSampler would. A strategy that reports the wrong ranks therefore shows up in the rows.
 """

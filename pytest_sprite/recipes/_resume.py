@@ -1,6 +1,6 @@
 """The checkpoint-resume roles: one Lightning fit each, run in a sub-world's fresh processes.
 
-The lightning-sprite seed's "Checkpoints" recipe: the LoRA classifier of ``lora_qwen`` trained with AdamW,
+The lightning-sprite procedure's "Checkpoints" recipe: the LoRA classifier of ``lora_qwen`` trained with AdamW,
 a per-step LR schedule and global-norm clipping for 2 epochs of 3 steps, a checkpoint at the end of every
 epoch. Each role is one fit; what it sees it *emits* as it goes (every step, every save, the restore), so a
 role killed at its kill point still reports what it finished. Loaded only inside a role's process: it

@@ -4,7 +4,7 @@ Layout: ``DIR/<test id>/<NN>-<arm>[-acc<k>][-<fault>]/`` holding ``record.pt`` (
 ``torch.load(weights_only=True)``-safe) and ``record.json`` (its figures). A resume check stores its
 whole run (every role's records, every rank) as ``DIR/<test id>/<NN>-resume-<strategy>[-<fault>]/resume-run.pt``.
 ``NN`` counts the arms and resume checks a test ran, so two runs of the same arm in one test get two
-directories; running the session again into the same DIR finds them present and refuses, as the seed's
+directories; running the session again into the same DIR finds them present and refuses, as the lightning-sprite procedure's
 arms refuse to overwrite a result.
 """
 

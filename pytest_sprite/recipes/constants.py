@@ -39,10 +39,10 @@ LORA_CONFIG: Final[dict[str, Any]] = {
     "lora_dropout": 0.0,
     "bias": "none",
 }
-"""The seed's adapter: r=8, alpha=16 on q/k/v/o, no dropout (dropout would make arms draw differently)."""
+"""The parity recipe's adapter: r=8, alpha=16 on q/k/v/o, no dropout (dropout would make arms draw differently)."""
 
 LORA_B_SEED: Final = 1
-"""Seed of the lora_B draw, fixed by the seed recipe independently of the run's seed."""
+"""Seed of the lora_B draw, fixed by the parity recipe independently of the run's seed."""
 LORA_B_STD: Final = 0.01
 """Standard deviation of the lora_B draw."""
 

@@ -32,7 +32,7 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     """Build the ``lora_qwen`` model once where the ranks are forked from, when a collected test uses it.
 
     Each test child (and each test's sub-world zygote) would otherwise build it again: 0.3-0.7 s of a
-    2-core machine per rank of every test, the main job's largest fixed cost (issue 22). A build that
+    2-core machine per rank of every test, the main job's largest fixed cost. A build that
     fails here (a ``--qwen-path`` without weights) is left to the tests that use the fixture, which
     report it; every other test runs as before.
     """
@@ -115,7 +115,7 @@ def pytest_sprite_report(report: dict[str, Any], config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """With ``-v``: one line saying how many arm and role runs the session computed (issue 22)."""
+    """With ``-v``: one line saying how many arm and role runs the session computed."""
     if config.get_verbosity() < 1 or getattr(config.option, "sprite_agent", None):
         return
     from pytest_sprite.recipes.store import tally

@@ -1,6 +1,6 @@
 """The parity recipe: a Qwen2 decoder with a PEFT LoRA adapter and a 2-class head, trained three ways.
 
-This is the lightning-sprite seed's FP32 parity recipe: LoRA (r=8, alpha=16, q/k/v/o) on a Qwen2 backbone,
+This is the lightning-sprite procedure's FP32 parity recipe: LoRA (r=8, alpha=16, q/k/v/o) on a Qwen2 backbone,
 a linear head on the last token, int64 labels uniform in {0, 1}, mean cross-entropy, SGD with an active
 global-norm clip, FP32 with TF32 off, identical seeded weights and rows in every arm. lora_B starts from a
 seeded normal draw (std 0.01, seed 1) instead of PEFT's zeros so every trainable tensor has a nonzero

@@ -1,6 +1,6 @@
 """``Recipe``: the model an arm trains, so a project checks the model it trains, not only the shipped one.
 
-A recipe is a model factory, deterministic rows and a mean loss (issue 15), plus optional answers to what
+A recipe is a model factory, deterministic rows and a mean loss, plus optional answers to what
 some checks must know about the model: how FSDP2 shards it, which Linear sites criterion v2 watches, which
 module is the backbone (``fp32-backbone``) and which tensor the ``local-adapter`` fault leaves unsynchronized.
 ``recipe.run(arm, ...)`` trains one arm with a real Lightning fit and returns an :class:`ArmRecord`, the same

@@ -1,6 +1,6 @@
 """Run the roles of one checkpoint-resume check, each in its own sub-world, and collect their records.
 
-The order is the seed's: an uninterrupted fit and its twin; a fit killed one step past its epoch-1
+The order is the lightning-sprite procedure's: an uninterrupted fit and its twin; a fit killed one step past its epoch-1
 checkpoint; a resume of that checkpoint in fresh processes (with a fault planted after the restore, for a
 negative control); a reload of the checkpoint the resume wrote at its end; for FSDP2 a resume at half the
 world (``reshard``); for DDP and full-state FSDP2 a resume on one device (``export``). Importing this module
@@ -36,7 +36,7 @@ RESHARDED: tuple[str, ...] = ("fsdp",)
 EXPORTED: tuple[str, ...] = ("ddp", "fsdp_file")
 """Strategies whose checkpoint is one full-state file that also loads on one device."""
 PRECISIONS: tuple[str, ...] = ("32-true", "bf16-mixed")
-"""The seed's checkpoint cells: FP32 and BF16 autocast."""
+"""The lightning-sprite procedure's checkpoint cells: FP32 and BF16 autocast."""
 
 
 def _records(result: SubworldResult, *, killed: bool, directory: Path) -> tuple[RoleRecord, ...]:
@@ -241,7 +241,7 @@ def resume_roles(
         )
     if precision not in PRECISIONS:
         raise SpriteUsageError(
-            f"assert_resume_bitexact(precision={precision!r}): use one of {', '.join(PRECISIONS)} (the seed's cells)"
+            f"assert_resume_bitexact(precision={precision!r}): use one of {', '.join(PRECISIONS)} (the hardware cells)"
         )
     if fault is not None and fault not in RESUME_FAULTS:
         raise SpriteUsageError(
@@ -287,7 +287,7 @@ def _shared_directory(directory: str | os.PathLike[str] | None, world: World | N
     """A fresh directory every rank uses: made by rank 0 and broadcast (the ranks share its filesystem).
 
     In a ranks test it is in the test's ``tmp_path``, which every node sees; the system's temporary
-    directory is each node's own (issue 25: ranks on another node wrote their shards where rank 0 never
+    directory is each node's own (ranks on another node wrote their shards where rank 0 never
     looked).
     """
     import tempfile

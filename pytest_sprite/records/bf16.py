@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 BF16_ARMS: tuple[str, ...] = ("ref32", "ref", "split", "split_premul", "ddp", "fsdp")
-"""The six arms of the seed's BF16 table, in its order."""
+"""The six arms of criterion v2's BF16 table, in its order."""
 BF16_SINGLE_DEVICE_ARMS: tuple[str, ...] = ("ref32", "ref", "split", "split_premul")
 """Arms that run on one device (the split arms emulate the N rank shards serially)."""
 

@@ -1,4 +1,4 @@
-"""The checkpoint-resume family: what each role of a resume check leaves behind on one rank (issue 11)."""
+"""The checkpoint-resume family: what each role of a resume check leaves behind on one rank."""
 
 from __future__ import annotations
 

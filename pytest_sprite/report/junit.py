@@ -29,8 +29,7 @@ def junit_properties(entry: TestEntry) -> list[tuple[str, Any]]:
             props.append((f"sprite.rank{r}.exit_code", rank["exit_code"]))
     if not entry.assertions:
         return props
-    # The assertion kinds import every assertion's tables: only a test that made an assertion loads them
-    # (in the controller's first log, 40-70 ms on the 2-core test machine: issue 23).
+    # The assertion kinds import every assertion's tables: only a test that made an assertion loads them.
     from pytest_sprite.report.kinds import get_kind
 
     for i, payload in enumerate(entry.assertions):

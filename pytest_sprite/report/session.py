@@ -135,7 +135,7 @@ class SpriteReporter:
                     self.written.append((f"{len(plots)} plots", Path(self.settings.plots)))
 
     def summarize(self, terminalreporter: Any) -> None:
-        # Only assertions make tables: a session without one loads none of their code (issue 23).
+        # Only assertions make tables: a session without one loads none of their code.
         if self.settings.summary != "no" and any(entry.assertions for entry in self.store.tests.values()):
             from pytest_sprite.report.kinds import load_report_tables
             from pytest_sprite.report.terminal import write_summary

@@ -1,7 +1,7 @@
 """The terminal summary: one table per assertion kind that ran, failures first, and a line of counts.
 
 Rows come from each kind's registered row function (``report.kinds``), so the tables print the
-seed's columns for every kind. ``-q`` keeps only the failing rows and the counts; ``--sprite-summary=no``
+columns each check defines for every kind. ``-q`` keeps only the failing rows and the counts; ``--sprite-summary=no``
 prints nothing. Colour only when pytest's terminal writer has markup (a TTY, or ``--color=yes``).
 """
 

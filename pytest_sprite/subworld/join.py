@@ -1,10 +1,10 @@
 """Join a world: the one way a fresh rank process gets its variables, device, store and default process group.
 
 A test child (``rank/child.py``) and a sub-world rank (``subworld/rank.py``) both start as a fresh fork with
-no device and no process group; each becomes one rank of its world the same way (issue 21). They differ only
+no device and no process group; each becomes one rank of its world the same way. They differ only
 in who hosts the rendezvous store (the test's rank 0, or the process that started the sub-world) and in where
 the world's collected tensors go. A rank of a test that makes its own groups (``ranks(n, init=False)``, and
-torch's ``MultiProcessTestCase`` tests run on ranks) joins without a store or a default group (issue 26).
+torch's ``MultiProcessTestCase`` tests run on ranks) joins without a store or a default group.
 """
 
 from __future__ import annotations
@@ -108,14 +108,14 @@ def join_world(
     """Device and default process group of this rank, on the store ``connect(timeout)`` returns.
 
     The World made is this process's current world. ``group_prefix`` keeps the group's keys apart from
-    what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check (issue 9);
+    what else uses the store; ``collective_check`` wraps every group in torch's fingerprint check;
     ``group_backend`` maps the device's backend to the one the default group is made with (``--sprite-mutate``'s
     recording and mutating wrapper).
     Returns the world and the store. Raises when this process already has a default process group: a fresh
     rank never does, and a group inherited through a fork must not be reused.
 
     ``connect=None`` joins without a store and without a default process group: the device is chosen and
-    the World made as usual, and the code the rank runs makes its own groups (issue 26); the store
+    the World made as usual, and the code the rank runs makes its own groups; the store
     returned is None.
     """
     import torch

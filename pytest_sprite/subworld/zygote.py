@@ -1,12 +1,12 @@
 """Forking sub-world ranks: directly from a plain test's process, or through the test child's zygote.
 
-A zygote is a process that never touched a device or a process group (issue 11); forking a sub-world's
+A zygote is a process that never touched a device or a process group; forking a sub-world's
 rank from it gives a process as fresh as a test child. Each rank agent forks one *pristine* zygote the
 first time one of its test children asks for one (:class:`Pristine`); the first ``run_subworld`` of a test
 child asks it for that test's own zygote (:meth:`Zygote.connect`), which serves the test's sub-worlds,
 leads a session of its own (so what its ranks leave running is found and named with the test's leftovers)
 and ends with the test child. A test that never starts a sub-world pays nothing for them, nor does a
-session (issue 23).
+session.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Pristine:
     Test children ask on :attr:`client` (:meth:`Zygote.connect`), which every child inherits from the agent.
     Until the first request the zygote is only a socket pair: the agent watches :meth:`waiting` and calls
     :meth:`start` when a request is there, so a session whose tests start no sub-world forks no zygote (two
-    forks, their exits and ~30 ms of CPU a session on the 2-core test machine, issue 23). Forked later
+    forks, their exits and ~30 ms of CPU a session on the 2-core test machine). Forked later
     than at the agent's start, it is still a copy of a process that never touched a device or a process
     group, computed nothing and runs no thread: the agent does none of those.
     """

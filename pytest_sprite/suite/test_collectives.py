@@ -9,7 +9,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from pytest_sprite.world import World  # noqa: E402
 
-SIZES = [1, 2, 3, 4, 8, 12, 24, 48, "world"]  # "world": --ranks, whatever it is (issue 9)
+SIZES = [1, 2, 3, 4, 8, 12, 24, 48, "world"]  # "world": --ranks, whatever it is
 
 
 @pytest.mark.ranks(SIZES)

@@ -1,11 +1,11 @@
 """BF16 parity by criterion v2 at the session's world size, and the eight fault cases it must reject.
 
-The lightning-sprite seed's BF16 rule: ddp and fsdp against a one-device split reference at step 0
+The lightning-sprite procedure's BF16 rule: ddp and fsdp against a one-device split reference at step 0
 (pre-clip norm, per-tensor gradients, update), gated by split_premul, with invariants on every arm and step
 (dtypes under autocast, FP32 communication, replicas bitwise equal, sharded DTensors, rows, clip, frozen).
 Each test runs the six arms once, at the whole world (``ranks("world")``: ``--ranks``, whatever it is;
-the arms are the expensive part); the fault cases are the seed's: both loss-level faults on ddp and fsdp, and the four
-DDP-only controls. Select the seed's cells with ``-k``: ``clean``, ``loss`` (the four loss-level cases),
+the arms are the expensive part); the fault cases are the lightning-sprite procedure's: both loss-level faults on ddp and fsdp, and the four
+DDP-only controls. Select the hardware cells with ``-k``: ``clean``, ``loss`` (the four loss-level cases),
 ``ddp_only`` (the four DDP-only controls).
 """
 

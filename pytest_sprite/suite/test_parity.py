@@ -19,7 +19,7 @@ import transformers  # noqa: F401
 
 from pytest_sprite import assert_parity, expect_fault_rejected
 
-SIZES = [2, 3, 4, 12, 24, 48, "world"]  # "world": --ranks, whatever it is (issue 9)
+SIZES = [2, 3, 4, 12, 24, 48, "world"]  # "world": --ranks, whatever it is
 
 
 @pytest.mark.ranks(SIZES)

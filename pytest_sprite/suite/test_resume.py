@@ -1,6 +1,6 @@
 """Checkpoint resume of the repository's strategies, bit for bit, and the faults the check must reject.
 
-The lightning-sprite seed's "Checkpoints" rule at the session's world size (``--ranks=W``): a fit killed one
+The lightning-sprite procedure's "Checkpoints" rule at the session's world size (``--ranks=W``): a fit killed one
 step past its epoch-1 checkpoint resumes in new processes and must restore exactly what the save captured
 and train the same LRs and rows; FSDP2 also resumes at W/2 ranks, DDP and full-state FSDP2 checkpoints also
 load on one device. Three faults planted after the restore must each be rejected (12 cases per precision).

@@ -1,4 +1,4 @@
-"""torch's own multiprocess test classes, run on ranks with their bodies unchanged (``--torch-tests=ranks``, issue 26).
+"""torch's own multiprocess test classes, run on ranks with their bodies unchanged (``--torch-tests=ranks``).
 
 A ``MultiProcessTestCase`` test spawns ``world_size`` fresh interpreters per test (2-16 s each). Opted in,
 each of its test methods becomes a ranks test on the class's ``world_size`` (or its

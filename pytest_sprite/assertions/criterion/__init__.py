@@ -1,4 +1,4 @@
-"""BF16 parity, criterion v2: the lightning-sprite seed's rule, exactly.
+"""BF16 parity, criterion v2: the lightning-sprite procedure's rule, exactly.
 
 Scored (ddp and fsdp against split, step 0 only): pre-clip global norm relative error at most 1e-3 on every
 rank; each trainable tensor's gradient L2 difference at most ``1e-3 * reference_norm + 1e-12 * sqrt(numel)``;

@@ -278,7 +278,7 @@ class Diagnostics:
     """ref against ref32: relative pre-clip norm difference, per step."""
 
     def table(self) -> str:
-        """Per-step diagnostics: one row per pair, steps comma-separated as in the seed."""
+        """Per-step diagnostics: one row per pair, steps comma-separated as in criterion v2's diagnostics table."""
         rows = [
             [
                 d.arm,
@@ -495,7 +495,7 @@ class CriterionResult:
 
 
 def _short(x: float) -> str:
-    """Two significant digits, as the seed's per-step diagnostic columns (``1.9e-10``, ``0.012``, ``0``)."""
+    """Two significant digits, as the lightning-sprite procedure's per-step diagnostic columns (``1.9e-10``, ``0.012``, ``0``)."""
     if x == 0 or not math.isfinite(x):
         return format_figure(x)
     rounded = float(f"{x:.1e}")

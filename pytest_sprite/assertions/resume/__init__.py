@@ -1,4 +1,4 @@
-"""Checkpoint resume, bit for bit: the lightning-sprite seed's "Checkpoints" rule as an assertion.
+"""Checkpoint resume, bit for bit: the lightning-sprite procedure's "Checkpoints" rule as an assertion.
 
 Required, bit for bit, on every rank: the state a resume restores equals the state captured inside the save
 (trainable tensors, AdamW state and its devices, param groups, LR scheduler, digests of every frozen tensor,

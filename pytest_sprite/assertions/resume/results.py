@@ -64,7 +64,7 @@ _GAP_HEADERS = (
 )
 _ARM_HEADERS = ("Arm", "Role", "Ranks", "Loads", "Result", "Failed checks")
 RESUME_GAPS: tuple[str, ...] = ("loss", "pre_clip_norm", "update", "adam_m", "adam_v")
-"""The reported continuation gaps of a resumed arm, in the seed's column order (fields of :class:`ResumeGaps`)."""
+"""The reported continuation gaps of a resumed arm, in the lightning-sprite procedure's column order (fields of :class:`ResumeGaps`)."""
 
 
 class ResumeError(AssertionFailure):
@@ -89,7 +89,7 @@ class ResumeGaps:
     """Largest per-tensor relative gap of Adam's second moment at the end."""
 
     def cells(self) -> list[str]:
-        """The five figures as the seed's table prints them."""
+        """The five figures as the lightning-sprite procedure's table prints them."""
         return [format_figure(getattr(self, k)) for k in RESUME_GAPS]
 
     def to_dict(self) -> dict[str, Any]:

@@ -146,7 +146,7 @@ class LocalLauncher:
         config = request.config
         for item in request.items.values():
             # pytest works out an item's location (relative path, line) on first use, in each process
-            # that reports it: once here, and the controller and every test child reuse it (issue 23).
+            # that reports it: once here, and the controller and every test child reuse it.
             # An item whose location fails is left to fail in its own test's report, as it would anyway.
             with contextlib.suppress(Exception):
                 item.location  # noqa: B018
