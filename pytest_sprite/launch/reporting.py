@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from ..errors import LeftoverProcessWarning
+from ..errors import DebuggerUnavailableWarning, LeftoverProcessWarning
 from ..glue.around import CarriedTest, around_ranks_key
 from ..glue.results import keep_reported
 from ..glue.tmp_path import prune_test_dir
@@ -30,6 +30,8 @@ def _warning_category(name: str) -> type[Warning]:
     found = getattr(builtins, name, None)
     if name == LeftoverProcessWarning.__name__:
         return LeftoverProcessWarning
+    if name == DebuggerUnavailableWarning.__name__:
+        return DebuggerUnavailableWarning
     return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
 
 

@@ -17,7 +17,7 @@ import pytest
 from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec, timeout_source_key
 from ..glue.options import Settings
 from ..plumbing.placement import Placement
-from ..plumbing.protocol import EndedBy, RunSpec
+from ..plumbing.protocol import DebuggerAddress, EndedBy, RunSpec
 from ..plumbing.timing import monotonic
 from .merge import RankEnd
 
@@ -149,6 +149,9 @@ class _Run:
     agents: tuple[int, ...] = ()
     """Test rank r runs on agent ``agents[r]``; empty until it starts."""
     started: float = 0.0
+    held: float = 0.0
+    """Seconds a debugger on a rank held the controller's terminal while this test ran: not counted against
+    its timeout (a debugger left open is the user's choice, not a hang)."""
     done: bool = False
     reports: dict[int, list[pytest.TestReport]] = field(default_factory=dict)
     ends: dict[int, RankEnd] = field(default_factory=dict)
@@ -209,6 +212,7 @@ class _Run:
         settings: Settings,
         seed: int | str,
         last: bool,
+        debugger: DebuggerAddress,
     ) -> RunSpec:
         """What the agent of test rank ``rank`` hands its child: its seat, the rendezvous, the shared folders."""
         assert self.test_dir is not None, "the test's directory is made before its ranks start"
@@ -230,5 +234,6 @@ class _Run:
             tmp_path=str(self.test_dir),
             hypothesis_seed=seed,
             collective_check=settings.collective_check,
+            debugger=debugger,
             last=last,
         )

@@ -21,6 +21,7 @@ __all__ = [
     "AGENT_EVENTS",
     "CHILD_DONE",
     "COMMANDS",
+    "DEBUGGER_FRAMES",
     "FIRST_FRAME_MAX",
     "HEADER_SIZE",
     "MAX_FRAME",
@@ -32,6 +33,13 @@ __all__ = [
     "ChildDone",
     "ChildExited",
     "Collected",
+    "DebugEnd",
+    "DebugHello",
+    "DebugInput",
+    "DebugOutput",
+    "DebugRead",
+    "DebugReply",
+    "DebuggerAddress",
     "EndedBy",
     "FrameReader",
     "FrameTooLarge",
@@ -73,6 +81,17 @@ EndedBy = Literal["timeout", "peer_failed", "agent_lost", "agent_error"]
 # -- controller -> agent ------------------------------------------------------------------------
 
 
+class DebuggerAddress(TypedDict):
+    """Where a test child's debugger finds the controller's terminal (the debug relay), or why it cannot."""
+
+    host: str
+    port: int
+    """0: no debugger opens on a rank in this session; ``refusal`` says why."""
+    key: str
+    """The session's secret: a connection that does not show it is not served."""
+    refusal: str
+
+
 class RunSpec(TypedDict):
     """Where one child sits in its test's world; the agent hands it to the child with the listening socket."""
 
@@ -100,6 +119,8 @@ class RunSpec(TypedDict):
     """The session's hypothesis seed, decided once (``--hypothesis-seed`` or drawn), for every rank."""
     collective_check: bool
     """``--collective-check``: torch's collective fingerprint checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
+    debugger: DebuggerAddress
+    """Where ``--pdb``, ``--trace`` and ``breakpoint()`` on this rank reach the user's terminal."""
     last: bool
     """No ranks test of the session comes after this one: the agent prepares no spare child for a next
     test (one that comes anyway, a rerun say, gets a child forked when it starts)."""
@@ -255,6 +276,60 @@ class ChildDone(TypedDict):
 
 CHILD_DONE: Final = "child_done"
 
+
+# -- test child <-> controller, on a connection of its own to the debug relay ------------------------
+
+
+class DebugHello(TypedDict):
+    """``debug_hello``: a rank's debugger asks for the terminal; its first frame on the relay connection."""
+
+    key: str
+    run_id: int
+    rank: int
+    nodeid: str
+    kind: Literal["post_mortem", "trace"]
+    """``post_mortem``: ``--pdb`` on a failure; ``trace``: ``breakpoint()`` or ``--trace``."""
+
+
+class DebugReply(TypedDict):
+    """``debug_go`` (the terminal is this rank's now) or ``debug_decline`` (another rank of the test had it)."""
+
+
+class DebugOutput(TypedDict):
+    """``debug_output``: what the rank's pdb wrote, whole lines."""
+
+    text: str
+
+
+class DebugRead(TypedDict):
+    """``debug_read``: the rank's pdb waits for a line; ``prompt`` is what it wrote since its last whole line."""
+
+    prompt: str
+
+
+class DebugInput(TypedDict):
+    """``debug_input``: the line the user typed (with its newline); empty at end of input."""
+
+    line: str
+
+
+class DebugEnd(TypedDict):
+    """``debug_end``: the rank left its debugger (continue, or quit: the session stops after the test)."""
+
+    quit: bool
+
+
+DEBUGGER_FRAMES: Final[Mapping[str, type]] = {
+    "debug_hello": DebugHello,
+    "debug_go": DebugReply,
+    "debug_decline": DebugReply,
+    "debug_output": DebugOutput,
+    "debug_read": DebugRead,
+    "debug_input": DebugInput,
+    "debug_end": DebugEnd,
+}
+"""A test child's debugger <-> the controller's debug relay (``rank/debugger.py``, ``launch/debug_relay.py``)."""
+
 STACK_SIGNAL: Final = signal.SIGUSR1
 """Agent -> child: dump every thread's stack (faulthandler) to ``stacks.txt``; sent before an abort kills it."""
 
@@ -277,7 +352,7 @@ AGENT_EVENTS: Final[Mapping[str, type]] = {
 }
 """Agent (or a child, relayed) -> controller."""
 
-_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, CHILD_DONE})
+_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, *DEBUGGER_FRAMES, CHILD_DONE})
 
 
 class FrameTooLarge(ValueError):
