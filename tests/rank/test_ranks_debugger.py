@@ -1,0 +1,215 @@
+"""The debugger on a rank: ``--pdb``, ``--trace`` and ``breakpoint()`` in the user's terminal, one rank at a time.
+
+The sessions run in a pseudo terminal (``run_pytest_in_terminal``), typed into as a user would; without one
+(pytester's stdin is not a terminal) the debugger says why in one line and every test ends as usual.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from functools import partial
+from typing import Any, cast
+
+import pytest
+from sprite_testing import local_settings, run_pytest, run_pytest_in_terminal
+
+from pytest_sprite.launch.controller import Controller
+from pytest_sprite.launch.debug_relay import Lent
+from pytest_sprite.launch.runs import _Run
+from pytest_sprite.plumbing.timing import monotonic
+
+pytestmark = pytest.mark.cpu
+
+TIMEOUT = 120
+
+terminal = partial(run_pytest_in_terminal, timeout=TIMEOUT)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_pdb_opens_in_the_failing_ranks_frame_and_breakpoint_on_rank_1(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_fails_on_rank_1(world):
+            some_local = 40 + world.rank
+            assert world.rank == 0
+
+        @pytest.mark.ranks(2)
+        def test_fails_on_both_ranks(world):
+            assert world.rank < 0
+
+        @pytest.mark.ranks(2)
+        def test_stops_on_rank_1(world):
+            value = 7 * (world.rank + 1)
+            if world.rank == 1:
+                breakpoint()
+            world.barrier()
+        """
+    )
+    session = terminal(pytester, "--pdb", "--ranks=2")
+    shown = session.expect("(Pdb rank 1) ")
+    assert (
+        "PDB post-mortem on rank 1 of test_pdb_opens_in_the_failing_ranks_frame_and_breakpoint_on_rank_1.py"
+        in shown
+    )
+    assert "AssertionError: assert 1 == 0" in shown, "the failure is shown before the prompt"
+    session.send("p some_local")
+    assert "\n41\n" in session.expect("(Pdb rank 1) ")
+    session.send("c")
+    session.expect("PDB continue (rank 1)")
+    # Both ranks fail: pdb opens on the first one only, the other's failure is reported as usual.
+    session.expect("::test_fails_on_both_ranks")
+    session.expect("(Pdb rank ")
+    session.send("c")
+    shown = session.expect("(Pdb rank 1) ")
+    assert "PDB set_trace on rank 1 of" in shown and "-> world.barrier()" in shown
+    session.send("p value")
+    assert "\n14\n" in session.expect("(Pdb rank 1) ")
+    session.send("c")
+    assert session.finish() == 1
+    assert session.output.count("(Pdb rank ") == 5, session.output
+    assert "2 failed, 1 passed" in session.output, session.output
+
+
+@pytest.mark.slow  # CI covers each path above; this adds the order and q
+def test_breakpoints_on_two_ranks_are_served_one_at_a_time_and_q_stops_the_session(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_both_stop(world):
+            mine = 10 * world.rank
+            breakpoint()
+            world.barrier()
+
+        @pytest.mark.ranks(2)
+        def test_never_runs(world):
+            pass
+        """
+    )
+    session = terminal(pytester, "--ranks=2", "-v")
+    found = re.search(r"PDB set_trace on rank (\d)", session.expect("(Pdb rank "))
+    assert found is not None
+    first = int(found[1])
+    session.send("p mine")
+    assert f"\n{10 * first}\n" in session.expect(f"(Pdb rank {first}) ")
+    session.send("c")
+    shown = session.expect(f"(Pdb rank {1 - first}) ")
+    assert f"PDB continue (rank {first})" in shown and f"PDB set_trace on rank {1 - first}" in shown
+    session.send("q")
+    assert session.finish() == pytest.ExitCode.INTERRUPTED
+    assert "Quitting debugger" in session.output
+    assert "test_both_stop PASSED" in session.output and "test_never_runs" not in session.output
+
+
+@pytest.mark.slow  # CI runs the bookkeeping below without waiting out a timeout
+def test_a_debugger_held_open_past_the_rank_timeout_is_no_hang(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        import time
+
+        @pytest.mark.ranks(2)
+        def test_stops_on_rank_1(world):
+            if world.rank == 1:
+                breakpoint()
+                time.sleep(1)  # still running when the debugger is left: a timeout that ran would end it
+            world.barrier()
+        """
+    )
+    session = terminal(pytester, "--ranks=2", "--rank-timeout=4")
+    session.expect("(Pdb rank 1) ")
+    time.sleep(5)  # the user reads the code for longer than the test may run
+    session.send("c")
+    assert session.finish() == 0, session.output
+    assert "1 passed" in session.output
+
+
+@pytest.mark.slow  # --pdb and breakpoint() take the same path in CI
+def test_trace_stops_at_the_first_line_on_every_rank(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_traced(world):
+            first = world.rank
+            assert first in (0, 1)
+        """
+    )
+    session = terminal(pytester, "--trace", "--ranks=2")
+    for _ in range(2):
+        assert "-> first = world.rank" in session.expect("(Pdb rank ")
+        session.send("c")
+    assert session.finish() == 0, session.output
+
+
+def test_without_a_terminal_the_debugger_says_why_and_every_test_ends(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_fails_on_rank_1(world):
+            assert world.rank == 0
+
+        @pytest.mark.ranks(2)
+        def test_stops_on_rank_1(world):
+            if world.rank == 1:
+                breakpoint()
+            world.barrier()
+        """
+    )
+    result = run_pytest(pytester, "--pdb", "--ranks=2", "-rw", timeout=TIMEOUT)
+    result.assert_outcomes(failed=1, passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-sprite: --pdb cannot open a debugger on a rank: stdin is not a terminal; "
+            "the ranks tests run and report as usual",
+            "*DebuggerUnavailableWarning: rank 1: breakpoint() returned at once, no debugger opens: "
+            "stdin is not a terminal",
+        ]
+    )
+    assert "(Pdb" not in result.stdout.str()
+
+
+class _Pool:
+    """Records what the controller sends its agents."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, str, dict[str, Any]]] = []
+
+    def send(self, agent: int, command: str, payload: dict[str, Any]) -> None:
+        self.sent.append((agent, command, payload))
+
+
+def test_time_in_the_debugger_counts_against_no_timeout_and_q_stops_the_session(
+    pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    controller = Controller(pytestconfig, local_settings(grace=1.0))
+    now = monotonic()
+    run = _Run(
+        run_id=1, item=cast(Any, None), nextitem=None, n=2, timeout=3.0, timeout_source="--rank-timeout"
+    )
+    run.agents, run.started, run.first_failure = (0, 1), now - 2.5, now - 0.5
+    controller.running[run.run_id] = run
+    monkeypatch.setattr(controller.debug, "serve", lambda: Lent(seconds=60.0, quit={run.run_id}))
+    monkeypatch.setattr("pytest_sprite.launch.controller.monotonic", lambda: now + 60.0)
+    controller.lend_terminal()
+    pool = _Pool()
+    controller._check_deadlines(cast(Any, pool), run)
+    assert pool.sent == [], (
+        "neither the timeout nor the grace period ran while the debugger held the terminal"
+    )
+    assert run.interrupted == "Quitting debugger"
