@@ -23,6 +23,7 @@ from typing import Any, Final, Literal
 import pytest
 
 from ..errors import DebuggerUnavailableWarning
+from ..plumbing.dependency_internals import replace_distributed_pdb
 from ..plumbing.protocol import DebugHello, RunSpec, recv_frame, send_frame
 
 __all__ = ["RankPdb", "bind_debugger", "install_debugger", "set_trace"]
@@ -42,8 +43,16 @@ class _Seat:
 
 
 def bind_debugger(spec: RunSpec) -> None:
-    """In a test child, before its test: the seat its debugger names and the relay it connects to."""
+    """In a test child, before its test: the seat its debugger names and the relay it connects to.
+
+    ``torch.distributed.breakpoint()`` stops in the same debugger: torch's own reads the child's /dev/null.
+    """
     _Seat.spec = spec
+    replace_distributed_pdb(_distributed_pdb)
+
+
+def _distributed_pdb() -> RankPdb:
+    return RankPdb("trace")
 
 
 def _refusal() -> str:
@@ -152,6 +161,7 @@ class RankPdb(pdb.Pdb):
         if self.stream.sock is None:
             if not self.stream.open():
                 if self.stream.kind == "trace":
+                    _say_unavailable(_refusal() or "the controller's debug relay could not be reached")
                     self.set_continue()
                 return
             if self.header:
@@ -173,7 +183,8 @@ class RankPdb(pdb.Pdb):
 
 
 def set_trace(*, header: str | None = None) -> None:
-    """``breakpoint()`` and ``pdb.set_trace()`` in a test child: stop in the caller, in the user's terminal."""
+    """``breakpoint()``, ``pdb.set_trace()`` and ``pytest.set_trace()`` in a test child: stop in the caller,
+    in the user's terminal."""
     refusal = _refusal()
     if refusal:
         _say_unavailable(refusal)
@@ -241,6 +252,7 @@ def install_debugger(config: pytest.Config) -> None:
     """In the agent, once: ``breakpoint()`` and ``pdb.set_trace()`` reach the relay; ``--pdb`` and ``--trace``
     hooks when asked for (pytest's own were unregistered: they would read the child's /dev/null)."""
     setattr(pdb, "set_trace", set_trace)  # noqa: B010 (what breakpoint() calls unless PYTHONBREAKPOINT says)
+    setattr(pytest, "set_trace", set_trace)  # noqa: B010 (pytest's own would read the child's /dev/null)
     manager = config.pluginmanager
     if config.getoption("usepdb", False) and not manager.has_plugin(DEBUGGER_PLUGIN):
         manager.register(_PostMortem(), DEBUGGER_PLUGIN)

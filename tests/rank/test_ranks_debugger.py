@@ -155,6 +155,29 @@ def test_trace_stops_at_the_first_line_on_every_rank(pytester: pytest.Pytester) 
     assert session.finish() == 0, session.output
 
 
+@pytest.mark.slow  # the same debugger as breakpoint(), made through torch's private hook (test_private_apis.py)
+def test_torch_distributed_breakpoint_opens_on_its_rank(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.ranks(2)
+        def test_torch_breakpoint(world):
+            mine = 5 + world.rank
+            dist.breakpoint(rank=1)
+        """
+    )
+    session = terminal(pytester, "--ranks=2")
+    assert "dist.breakpoint(rank=1)" in session.expect("(Pdb rank 1) ")
+    session.send("up")
+    session.expect("(Pdb rank 1) ")
+    session.send("p mine")
+    assert "\n6\n" in session.expect("(Pdb rank 1) ")
+    session.send("c")
+    assert session.finish() == 0, session.output
+
+
 def test_without_a_terminal_the_debugger_says_why_and_every_test_ends(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
