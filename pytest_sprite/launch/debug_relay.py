@@ -29,6 +29,9 @@ __all__ = ["DebugRelay", "Lent", "debugger_refusal"]
 
 _HELLO_TIMEOUT: Final = 10.0
 """Seconds a connection has to show the session's key before it is dropped."""
+_LEND_AFTER: Final = 3.0
+"""Seconds the rank at the terminal may run (after ``n``, say) before a rank that waits gets the terminal: the
+running rank may be waiting in a collective for it."""
 
 
 def debugger_refusal(config: pytest.Config) -> str:
@@ -117,9 +120,7 @@ class DebugRelay:
         lent = Lent()
         started = monotonic()
         while self.waiting():
-            request = self._accept()
-            if request is not None and self._serve(request):
-                lent.quit.add(request.hello["run_id"])
+            self._serve_next(lent)
         lent.seconds = monotonic() - started
         return lent
 
@@ -145,7 +146,13 @@ class DebugRelay:
         hello: Any = frame[1]
         return _Request(sock=sock, hello=hello)
 
-    def _serve(self, request: _Request) -> bool:
+    def _serve_next(self, lent: Lent) -> None:
+        """The rank that waits longest: its debugger until it continues or quits."""
+        request = self._accept()
+        if request is not None and self._serve(request, lent):
+            lent.quit.add(request.hello["run_id"])
+
+    def _serve(self, request: _Request, lent: Lent) -> bool:
         """One rank's debugger until it continues or quits (True); a test's second ``--pdb`` is declined."""
         hello, sock = request.hello, request.sock
         with sock:
@@ -161,17 +168,17 @@ class DebugRelay:
                 reporter.write_sep(">", f"PDB {what} on rank {hello['rank']} of {hello['nodeid']}")
                 reporter.flush()
                 send_frame(sock, "debug_go", {})
-                quit = self._relay(sock)
+                quit = self._relay(sock, hello["rank"], lent)
                 reporter.ensure_newline()
                 reporter.write_sep(">", f"PDB {'quit' if quit else 'continue'} (rank {hello['rank']})")
                 reporter.flush()
             return quit
 
-    def _relay(self, sock: socket.socket) -> bool:
+    def _relay(self, sock: socket.socket, rank: int, lent: Lent) -> bool:
         """Copy the rank's output out and the user's lines in; True when the user quit."""
         while True:
             try:
-                frame = recv_frame(sock)
+                frame = self._next_frame(sock, rank, lent)
             except OSError:
                 frame = None
             if frame is None:  # the rank ended (or was ended) with its debugger open
@@ -186,6 +193,23 @@ class DebugRelay:
                 return bool(payload["quit"])
             else:
                 raise ValueError(f"unexpected frame from a rank's debugger: {event!r}")
+
+    def _next_frame(self, sock: socket.socket, rank: int, lent: Lent) -> tuple[str, dict[str, Any]] | None:
+        """The rank's next frame. While it runs (a step over a collective, say), a rank that waits for the
+        terminal longer than :data:`_LEND_AFTER` is served meanwhile: the running rank may need it to go on."""
+        since = monotonic()
+        while True:
+            watched: list[Any] = [sock] if self._listener is None else [sock, self._listener]
+            readable, _, _ = select.select(watched, [], [], 0.5)
+            if sock in readable:
+                return recv_frame(sock)
+            if self._listener in readable and monotonic() - since >= _LEND_AFTER:
+                reporter: Any = self.config.pluginmanager.get_plugin("terminalreporter")
+                reporter.ensure_newline()
+                reporter.write_line(f"(rank {rank} runs on; another rank waits for the debugger)")
+                self._serve_next(lent)
+                reporter.write_line(f"(back to rank {rank}, which was running)")
+                since = monotonic()
 
 
 def _ask(prompt: str) -> str:

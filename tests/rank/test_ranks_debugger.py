@@ -15,7 +15,7 @@ import pytest
 from sprite_testing import local_settings, run_pytest, run_pytest_in_terminal
 
 from pytest_sprite.launch.controller import Controller
-from pytest_sprite.launch.debug_relay import Lent
+from pytest_sprite.launch.debug_relay import Lent, debugger_refusal
 from pytest_sprite.launch.runs import _Run
 from pytest_sprite.plumbing.timing import monotonic
 
@@ -136,22 +136,36 @@ def test_a_debugger_held_open_past_the_rank_timeout_is_no_hang(pytester: pytest.
     assert "1 passed" in session.output
 
 
-@pytest.mark.slow  # --pdb and breakpoint() take the same path in CI
-def test_trace_stops_at_the_first_line_on_every_rank(pytester: pytest.Pytester) -> None:
+@pytest.mark.slow  # --pdb and breakpoint() take the same path in CI; this waits out the 3 s before a rank is lent
+def test_trace_steps_over_a_collective_while_the_other_rank_is_served(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import pytest
+        import torch
+        import torch.distributed as dist
 
         @pytest.mark.ranks(2)
         def test_traced(world):
-            first = world.rank
-            assert first in (0, 1)
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
         """
     )
     session = terminal(pytester, "--trace", "--ranks=2")
-    for _ in range(2):
-        assert "-> first = world.rank" in session.expect("(Pdb rank ")
-        session.send("c")
+    shown = session.expect("(Pdb rank ")
+    found = re.search(r"PDB set_trace on rank (\d)", shown)
+    assert found is not None and "-> t = torch.ones(1)" in shown
+    first, other = int(found[1]), 1 - int(found[1])
+    session.expect(") ")
+    session.send("n")
+    assert "-> dist.all_reduce(t)" in session.expect(f"(Pdb rank {first}) ")
+    session.send("n")  # the all_reduce waits for the other rank, which waits for the terminal
+    shown = session.expect(f"(Pdb rank {other}) ")
+    assert f"(rank {first} runs on; another rank waits for the debugger)" in shown
+    session.send("c")
+    shown = session.expect(f"(Pdb rank {first}) ")
+    assert f"(back to rank {first}, which was running)" in shown and "-> assert t.item() == 2" in shown
+    session.send("c")
     assert session.finish() == 0, session.output
 
 
@@ -236,3 +250,35 @@ def test_time_in_the_debugger_counts_against_no_timeout_and_q_stops_the_session(
         "neither the timeout nor the grace period ran while the debugger held the terminal"
     )
     assert run.interrupted == "Quitting debugger"
+
+
+class _Plugins:
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def get_plugin(self, name: str) -> object | None:
+        return object() if name in self.names else None
+
+
+@pytest.mark.parametrize(
+    ("worker", "plugins", "tty", "refusal"),
+    [
+        (False, ("terminalreporter",), True, ""),
+        (False, ("terminalreporter",), False, "stdin is not a terminal"),
+        (False, (), True, "pytest's terminal is off (-p no:terminal)"),
+        (
+            True,
+            ("terminalreporter",),
+            True,
+            "a pytest-xdist worker has no terminal (-n0 runs the tests in the terminal's process)",
+        ),
+    ],
+)
+def test_each_reason_a_debugger_cannot_open(
+    monkeypatch: pytest.MonkeyPatch, worker: bool, plugins: tuple[str, ...], tty: bool, refusal: str
+) -> None:
+    config: Any = type("Config", (), {"pluginmanager": _Plugins(*plugins)})()
+    if worker:
+        config.workerinput = {}
+    monkeypatch.setattr("pytest_sprite.launch.debug_relay.stdin_is_terminal", lambda config: tty)
+    assert debugger_refusal(config) == refusal
