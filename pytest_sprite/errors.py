@@ -6,7 +6,14 @@ Every message says what was given, what is allowed and how to fix it, and names 
 
 from __future__ import annotations
 
-__all__ = ["LaunchError", "LeftoverProcessWarning", "RankEnvError", "SpriteError", "SpriteUsageError"]
+__all__ = [
+    "DebuggerUnavailableWarning",
+    "LaunchError",
+    "LeftoverProcessWarning",
+    "RankEnvError",
+    "SpriteError",
+    "SpriteUsageError",
+]
 
 
 class SpriteError(Exception):
@@ -27,3 +34,8 @@ class LaunchError(SpriteError, RuntimeError):
 
 class LeftoverProcessWarning(UserWarning):
     """A ranks test left a process running; pytest-sprite ended it and names it (rank, pid, command)."""
+
+
+class DebuggerUnavailableWarning(UserWarning):
+    """``breakpoint()`` on a rank found no terminal to open in (CI, stdin not a terminal, an xdist worker) and
+    returned at once; the warning says why."""

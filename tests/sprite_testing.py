@@ -123,6 +123,101 @@ def run_pytest(
     )
 
 
+class Terminal:
+    """A pytest session whose stdin, stdout and stderr are a pseudo terminal, driven as a user types.
+
+    Every read has a deadline (the session's ``timeout``): a prompt that never comes fails the test with
+    everything the session wrote, never hangs it.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], master: int, timeout: float) -> None:
+        self.process = process
+        self.master = master
+        self.deadline = time.monotonic() + timeout
+        self.output = ""
+        """Everything the session wrote so far (carriage returns dropped)."""
+        self._seen = 0
+
+    def _read(self) -> bool:
+        """Read what the session wrote; False at its end (the terminal closed)."""
+        import select
+
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.process.kill()
+            raise AssertionError(f"the session outlived its deadline; it wrote:\n{self.output}")
+        readable, _, _ = select.select([self.master], [], [], min(left, 1.0))
+        if not readable:
+            return True
+        try:
+            data = os.read(self.master, 1 << 16)
+        except OSError:  # EIO: every process holding the terminal ended
+            return False
+        self.output += data.decode(errors="replace").replace("\r", "")
+        return bool(data)
+
+    def expect(self, text: str) -> str:
+        """Wait until the session writes ``text``; what it wrote since the last expectation, ``text`` included."""
+        while (found := self.output.find(text, self._seen)) < 0:
+            if not self._read():
+                raise AssertionError(f"the session ended before writing {text!r}; it wrote:\n{self.output}")
+        start, self._seen = self._seen, found + len(text)
+        return self.output[start : self._seen]
+
+    def send(self, line: str) -> None:
+        """Type ``line`` and Enter."""
+        os.write(self.master, line.encode() + b"\n")
+
+    def finish(self) -> int:
+        """Wait for the session to end; its exit status."""
+        while self._read():
+            pass
+        left = max(1.0, self.deadline - time.monotonic())
+        code = self.process.wait(timeout=left)
+        os.close(self.master)
+        return code
+
+
+def run_pytest_in_terminal(pytester: pytest.Pytester, *args: str, timeout: float) -> Terminal:
+    """:func:`run_pytest` with a pseudo terminal for its stdin, stdout and stderr (a user at a terminal).
+
+    Colour and readline's escape sequences are off (``--color=no``, ``TERM=dumb``), so what is expected
+    reads as plain text.
+    """
+    import pty
+
+    argv = ("-p", "no:cacheprovider", "--color=no", *args)
+    server = _warm_socket()
+    if server is None:
+        command = [sys.executable, "-m", "pytest", *argv]
+    else:
+        basetemp = tempfile.mkdtemp(prefix="runpytest-", dir=pytester.path)
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            str(WARM_SCRIPT),
+            "client",
+            server,
+            f"--basetemp={basetemp}",
+            *argv,
+        ]
+    master, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            command,
+            cwd=pytester.path,
+            env={**os.environ, "TERM": "dumb", "COLUMNS": "120"},
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+            start_new_session=True,
+        )
+    finally:
+        os.close(terminal)
+    return Terminal(process, master, timeout)
+
+
 def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove every launcher's rank variables (and a job's Slurm and PBS ones): a process no launcher started."""
     from pytest_sprite.env.rank_variables import LAUNCHER_VARIABLES

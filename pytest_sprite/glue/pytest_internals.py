@@ -6,8 +6,9 @@ controller (``teardown_controller_state``, ``tmp_path_factory``) and by test chi
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,8 +31,10 @@ __all__ = [
     "record_warnings",
     "runtestprotocol",
     "skip_at_item",
+    "stdin_is_terminal",
     "teardown_controller_state",
     "tmp_path_factory",
+    "uncaptured_terminal",
 ]
 
 
@@ -197,3 +200,49 @@ def runtestprotocol(item: pytest.Item) -> None:
     from _pytest.runner import runtestprotocol as run
 
     run(item, log=False, nextitem=None)
+
+
+def _captured_stdin(config: pytest.Config) -> Any:
+    """pytest's capture of stdin (``capturemanager._global_capturing.in_``), or None.
+
+    ``MultiCapture`` and its ``in_`` (an ``FDCapture`` or ``SysCapture``) are private: no public API says where
+    the user's stdin went, nor suspends its capture alone.
+    """
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    return getattr(getattr(capman, "_global_capturing", None), "in_", None)
+
+
+def stdin_is_terminal(config: pytest.Config) -> bool:
+    """Whether the user's pytest process reads a terminal (stdin, under pytest's capture).
+
+    With ``--capture=fd`` (the default) pytest has put /dev/null on descriptor 0 and keeps the user's own
+    stdin on the capture's ``targetfd_save`` (private, see :func:`_captured_stdin`).
+    """
+    fd = getattr(_captured_stdin(config), "targetfd_save", 0)
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def uncaptured_terminal(config: pytest.Config) -> Iterator[None]:
+    """The user's terminal, stdin included, while a debugger on a rank has it; as pytest's own pdb has it.
+
+    ``CaptureManager.global_and_fixture_disabled`` (public) leaves stdin captured: its capture is
+    suspended here (private, see :func:`_captured_stdin`) and resumed after when it was running.
+    """
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        stdin = _captured_stdin(config)
+        running = stdin is not None and getattr(stdin, "_state", "") == "started"
+        if running:
+            stdin.suspend()
+        try:
+            yield
+        finally:
+            if running:
+                stdin.resume()

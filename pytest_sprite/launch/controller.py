@@ -49,6 +49,7 @@ from ..plumbing.protocol import (
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.stacks import STACK_WAIT
 from ..plumbing.timing import monotonic, wall
+from .debug_relay import DebugRelay
 from .mutation import killed, mutants_to_run
 from .pool import AgentPool
 from .rank_end import RankEnd
@@ -126,6 +127,8 @@ class Controller:
         """Mutant run id -> the test's own run, logged once its last mutant run has ended."""
         self.mutants_left: dict[int, set[int]] = {}
         """The test's own run id -> its mutant runs still queued or running."""
+        self.debug = DebugRelay(config)
+        """The user's terminal lent to a rank's pdb (``--pdb``, ``--trace``, ``breakpoint()``)."""
 
     # -- hooks (each hands off to a method) ---------------------------------------------------
 
@@ -188,7 +191,9 @@ class Controller:
         self.last_ranks_test = next((item.nodeid for item in reversed(items) if self._ranks_size(item)), None)
         if not any(self._ranks_size(item) for item in items):
             self.close_early()  # nothing selected runs on the world: free its cores for the tests that run
-        elif self.settings.launcher == "local" and not self.config.option.collectonly:
+            return
+        self.debug.say_refusal()
+        if self.settings.launcher == "local" and not self.config.option.collectonly:
             # Fork the agents before a test computes here: a fork cannot use the OpenMP thread pool a
             # test may start (computing_before_fork). A failed launch is reported by the first ranks test.
             with contextlib.suppress(Exception):
@@ -437,6 +442,7 @@ class Controller:
                 settings=self.settings,
                 seed=self.hypothesis_seed,
                 last=run.item.nodeid == self.last_ranks_test and not self.settings.mutate,
+                debugger=self.debug.address(pool.address),
             )
             pool.send(agent, "run", spec)
 
@@ -458,6 +464,8 @@ class Controller:
                     event = pool.events.get_nowait()
                 except queue.Empty:
                     event = None
+            if self.debug.waiting():  # a rank's pdb asks for the terminal
+                self.lend_terminal()
             for run in list(self.running.values()):
                 self._check_deadlines(pool, run)
         ended = [run for run in self.running.values() if not run.live]
@@ -669,9 +677,21 @@ class Controller:
             )
             run.note_failure(rank)
 
+    def lend_terminal(self) -> None:
+        """Serve the ranks' debuggers; the time they held the loop counts against no test's timeout or grace."""
+        lent = self.debug.serve()
+        for run in self.running.values():
+            run.held += lent.seconds
+            if run.first_failure is not None:
+                run.first_failure += lent.seconds
+            for rank in run.aborted:
+                run.aborted[rank] += lent.seconds
+            if run.run_id in lent.quit:
+                run.interrupted = run.interrupted or "Quitting debugger"
+
     def _check_deadlines(self, pool: AgentPool, run: _Run) -> None:
         now = monotonic()
-        if now - run.started > run.timeout:
+        if now - run.started - run.held > run.timeout:
             self._abort(
                 pool, run, "timeout", f"after the {run.timeout:g}s timeout (from {run.timeout_source})"
             )
@@ -739,6 +759,7 @@ class Controller:
     def shutdown(self) -> None:
         """Stop the agents (a lost pool, or the end of the session); tests still counted end now."""
         self.close_early()
+        self.debug.close()
         if self.pool is not None:
             self.pool.close()
             self.pool = None

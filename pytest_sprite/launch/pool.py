@@ -80,6 +80,8 @@ class AgentPool:
         self._token = ""
         self.launched_at = 0.0
         """When :meth:`launch` started the agents (the controller's monotonic clock)."""
+        self.address = ("127.0.0.1", "127.0.0.1")
+        """Where this side listens for what the agents' hosts connect to, and the host name they use for it."""
         self._acceptor: threading.Thread | None = None
         self._lock = threading.Lock()
         """Held while an agent registers and while closing starts, so no agent joins a closed pool."""
@@ -110,7 +112,7 @@ class AgentPool:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((bind_host, 0))
         listener.listen(max(16, self.world_size))
-        self._listener = listener
+        self._listener, self.address = listener, (bind_host, advertised)
         port = listener.getsockname()[1]
         token = secrets.token_hex(16)
         log_path = self.tmpdir / "launch.log"

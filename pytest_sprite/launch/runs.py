@@ -18,7 +18,7 @@ from ..glue.markers import PARAM_NAME, WORLD, Size, item_ranks_spec, timeout_sou
 from ..glue.options import DEFAULT_TIMEOUT_SOURCE, Settings
 from ..glue.pytest_timeout import pytest_timeout_of
 from ..plumbing.placement import Placement
-from ..plumbing.protocol import EndedBy, RunSpec
+from ..plumbing.protocol import DebuggerAddress, EndedBy, RunSpec
 from ..plumbing.timing import monotonic
 from .rank_end import RankEnd
 
@@ -159,6 +159,9 @@ class _Run:
     started: float = 0.0
     started_at: float = 0.0
     """Wall clock (``timing.wall``) of ``started``, which the ranks' report times are comparable with."""
+    held: float = 0.0
+    """Seconds a debugger on a rank held the controller's terminal while this test ran: not counted against
+    its timeout (a debugger left open is the user's choice, not a hang)."""
     done: bool = False
     reports: dict[int, list[pytest.TestReport]] = field(default_factory=dict)
     ends: dict[int, RankEnd] = field(default_factory=dict)
@@ -225,6 +228,7 @@ class _Run:
         settings: Settings,
         seed: int | str,
         last: bool,
+        debugger: DebuggerAddress,
     ) -> RunSpec:
         """What the agent of test rank ``rank`` hands its child: its seat, the rendezvous, the shared folders."""
         assert self.test_dir is not None, "the test's directory is made before its ranks start"
@@ -248,5 +252,6 @@ class _Run:
             collective_check=settings.collective_check,
             mutant=self.mutant,
             record_collectives=bool(settings.mutate),
+            debugger=debugger,
             last=last,
         )

@@ -24,6 +24,7 @@ __all__ = [
     "hypothesis_test_settings",
     "prewarm_hypothesis_patching",
     "process_group_device_backend",
+    "replace_distributed_pdb",
     "replace_hypothesis_settings",
     "torch_continuous_base",
     "torch_continuous_in_process",
@@ -187,6 +188,23 @@ def fsdp_mixed_precision(module: Any) -> Any:
     """
     get_state = getattr(module, "_get_fsdp_state", None)
     return getattr(get_state(), "_mp_policy", None) if get_state is not None else None
+
+
+def replace_distributed_pdb(make: Any) -> bool:
+    """Make ``torch.distributed.breakpoint()`` stop in the debugger ``make()`` returns; False where it cannot.
+
+    torch makes its pdb with the private module function ``torch.distributed._make_distributed_pdb`` (torch
+    2.2 - 2.13), which reads ``/dev/stdin``: a test child has none. Only a process that has imported
+    ``torch.distributed`` is changed (a test child imports it before its test). Fallback: nothing changes,
+    and ``dist.breakpoint()`` reads the child's empty stdin and quits.
+    """
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not callable(getattr(dist, "_make_distributed_pdb", None)):
+        return False
+    setattr(dist, "_make_distributed_pdb", make)  # noqa: B010 (a private name: mypy knows no such attribute)
+    return True
 
 
 TORCH_COMMON_DISTRIBUTED = "torch.testing._internal.common_distributed"

@@ -22,6 +22,7 @@ __all__ = [
     "AGENT_FAILED",
     "CHILD_DONE",
     "COMMANDS",
+    "DEBUGGER_FRAMES",
     "FIRST_FRAME_MAX",
     "HEADER_SIZE",
     "MAX_FRAME",
@@ -35,6 +36,13 @@ __all__ = [
     "ChildExited",
     "Collected",
     "CollectivesCalled",
+    "DebugEnd",
+    "DebugHello",
+    "DebugInput",
+    "DebugOutput",
+    "DebugRead",
+    "DebugReply",
+    "DebuggerAddress",
     "EndedBy",
     "FrameReader",
     "FrameTooLarge",
@@ -76,6 +84,17 @@ EndedBy = Literal["timeout", "peer_failed", "agent_lost", "agent_error"]
 # -- controller -> agent ------------------------------------------------------------------------
 
 
+class DebuggerAddress(TypedDict):
+    """Where a test child's debugger finds the controller's terminal (the debug relay), or why it cannot."""
+
+    host: str
+    port: int
+    """0: no debugger opens on a rank in this session; ``refusal`` says why."""
+    key: str
+    """The session's secret: a connection that does not show it is not served."""
+    refusal: str
+
+
 class RunSpec(TypedDict):
     """Where one child sits in its test's world; the agent hands it to the child with the listening socket."""
 
@@ -107,6 +126,8 @@ class RunSpec(TypedDict):
     """``--sprite-mutate``: the mutant spec this run plants (``skip_allreduce@rank1:from3``), None for a clean run."""
     record_collectives: bool
     """``--sprite-mutate``: run on the recording process group and send ``collectives_called`` at the end."""
+    debugger: DebuggerAddress
+    """Where ``--pdb``, ``--trace`` and ``breakpoint()`` on this rank reach the user's terminal."""
     last: bool
     """No ranks test of the session comes after this one: the agent prepares no spare child for a next
     test (one that comes anyway, a rerun say, gets a child forked when it starts)."""
@@ -283,6 +304,60 @@ class ChildDone(TypedDict):
 
 CHILD_DONE: Final = "child_done"
 
+
+# -- test child <-> controller, on a connection of its own to the debug relay ------------------------
+
+
+class DebugHello(TypedDict):
+    """``debug_hello``: a rank's debugger asks for the terminal; its first frame on the relay connection."""
+
+    key: str
+    run_id: int
+    rank: int
+    nodeid: str
+    kind: Literal["post_mortem", "trace"]
+    """``post_mortem``: ``--pdb`` on a failure; ``trace``: ``breakpoint()`` or ``--trace``."""
+
+
+class DebugReply(TypedDict):
+    """``debug_go`` (the terminal is this rank's now) or ``debug_decline`` (another rank of the test had it)."""
+
+
+class DebugOutput(TypedDict):
+    """``debug_output``: what the rank's pdb wrote, whole lines."""
+
+    text: str
+
+
+class DebugRead(TypedDict):
+    """``debug_read``: the rank's pdb waits for a line; ``prompt`` is what it wrote since its last whole line."""
+
+    prompt: str
+
+
+class DebugInput(TypedDict):
+    """``debug_input``: the line the user typed (with its newline); empty at end of input."""
+
+    line: str
+
+
+class DebugEnd(TypedDict):
+    """``debug_end``: the rank left its debugger (continue, or quit: the session stops after the test)."""
+
+    quit: bool
+
+
+DEBUGGER_FRAMES: Final[Mapping[str, type]] = {
+    "debug_hello": DebugHello,
+    "debug_go": DebugReply,
+    "debug_decline": DebugReply,
+    "debug_output": DebugOutput,
+    "debug_read": DebugRead,
+    "debug_input": DebugInput,
+    "debug_end": DebugEnd,
+}
+"""A test child's debugger <-> the controller's debug relay (``rank/debugger.py``, ``launch/debug_relay.py``)."""
+
 STACK_SIGNAL: Final = signal.SIGUSR1
 """Agent -> child: dump every thread's stack (faulthandler) to ``stacks.txt``; sent before an abort kills it."""
 
@@ -310,7 +385,7 @@ AGENT_FAILED: Final = "agent_failed"
 """A launched agent's only frame when it fails before it can join (:class:`AgentFailed`); the controller's
 accepting thread turns it into ``launch_failed``, so it never reaches the event loop."""
 
-_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, CHILD_DONE, AGENT_FAILED})
+_ALL_EVENTS: Final = frozenset({*COMMANDS, *AGENT_EVENTS, *DEBUGGER_FRAMES, CHILD_DONE, AGENT_FAILED})
 
 
 class FrameTooLarge(ValueError):

@@ -34,6 +34,7 @@ from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_ou
 from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
 from ..subworld.join import Seat, join_world, tcp_store
 from ..world import World
+from .debugger import bind_debugger, install_debugger
 from .given import echo_note, prepare_hypothesis_item
 from .leftovers import lead_own_session
 
@@ -320,6 +321,7 @@ def register_child_session(config: pytest.Config) -> None:
     """In the agent, before it forks test children: the hooks each child binds to its test, registered once."""
     if not config.pluginmanager.has_plugin(CHILD_SESSION):
         config.pluginmanager.register(ChildSession(), CHILD_SESSION)
+    install_debugger(config)
 
 
 def forget_child_session(config: pytest.Config) -> None:
@@ -392,6 +394,7 @@ def run_child(
         if not isinstance(session, ChildSession):  # registered in the agent before it forked this child
             raise RuntimeError(f"a test child found no {CHILD_SESSION!r} plugin: the agent registers it")
         session.bind(channel, spec, listen_fd)
+        bind_debugger(spec)
         set_progress_sink(lambda message: channel.send("progress", message=message))
         # Warnings go to the controller, which folds them over ranks into its summary (issue 9).
         with record_warnings(item):

@@ -202,3 +202,28 @@ def test_a_coverage_configuration_is_copied_for_one_file_per_process_on_this_rel
     assert (copy.config.parallel, copy.config.branch, copy.config.source) == (True, True, ["mylib"])
     assert copy.config.data_file == str(tmp_path / "ranks" / ".coverage")
     assert cov.config.parallel is False, "the measuring process's own configuration is left alone"
+
+
+def test_torch_distributed_breakpoint_takes_the_debugger_made_for_it_on_this_release(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from pytest_sprite.plumbing.dependency_internals import replace_distributed_pdb
+
+    made: list[str] = []
+
+    class Stops:
+        def message(self, text: str) -> None:
+            made.append(text)
+
+        def set_trace(self) -> None:
+            made.append("set_trace")
+
+    monkeypatch.setattr(dist, "_make_distributed_pdb", dist._make_distributed_pdb)  # restored after the test
+    monkeypatch.setattr(dist, "barrier", lambda: None)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    assert replace_distributed_pdb(Stops)
+    dist.breakpoint(timeout_s=None)
+    assert made[-1] == "set_trace"
