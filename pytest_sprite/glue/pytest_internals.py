@@ -61,7 +61,7 @@ def fresh_session_state(items: Sequence[pytest.Item]) -> None:
 
     Called once in the agent, before it forks test children: the agent runs no test, so each child
     inherits the state this leaves (done in each child, it cost a child a third of a millisecond and
-    copied about eighty pages, issue 23). The agent forked from a process whose pytest had already set
+    copied about eighty pages). The agent forked from a process whose pytest had already set
     up fixtures (the controller's session-scoped ones, for the local launcher). pytest has no public
     "forget" API, so: ``session._setupstate`` is replaced with a fresh ``_pytest.runner.SetupState``
     (its stack holds the parent's nodes), and each FixtureDef's ``cached_result`` (the parent's value)
@@ -125,7 +125,7 @@ def tmp_path_factory(config: pytest.Config) -> Any:
     """The session's ``TempPathFactory``: ``config._tmp_path_factory``, set by pytest's tmpdir plugin.
 
     Outside a fixture pytest offers no public way to reach it; the controller makes the session's
-    basetemp and each ranks test's directory with it (issue 9).
+    basetemp and each ranks test's directory with it.
     """
     return config._tmp_path_factory  # type: ignore[attr-defined]
 
@@ -159,7 +159,7 @@ def function_scoped_arguments(item: pytest.Item) -> set[str]:
     """The test function's arguments that are function-scoped fixtures (what hypothesis warns about).
 
     ``item._fixtureinfo.name2fixturedefs`` is private; it is where hypothesis' own pytest plugin looks.
-    Called only for a hypothesis test (issue 26). When the signature cannot be read (``inspect.signature``
+    Called only for a hypothesis test. When the signature cannot be read (``inspect.signature``
     raises ``ValueError: invalid method signature`` on a ``functools.wraps`` of a bound method, as torch's
     ``MultiProcessTestCase.join_or_run`` makes), the names pytest itself read from the function at
     collection (``_fixtureinfo.argnames``) stand in for it.
@@ -186,7 +186,7 @@ def skip_at_item(reason: str) -> NoReturn:
 
     ``pytest.skip`` reports where it was called; ``skip.Exception(..., _use_item_location=True)`` (a private
     keyword, pytest 7.0 - 9.2) is what ``_pytest.unittest`` raises for a unittest skip, so a torch test's
-    skip on ranks reads as it does natively (issue 26).
+    skip on ranks reads as it does natively.
     """
     raise pytest.skip.Exception(reason, _use_item_location=True)
 

@@ -208,7 +208,7 @@ class Controller:
     # -- the loops -----------------------------------------------------------------------------
 
     def packed_loop(self, session: pytest.Session) -> bool:
-        """pytest's ``pytest_runtestloop`` with ranks tests side by side (issue 14).
+        """pytest's ``pytest_runtestloop`` with ranks tests side by side.
 
         Every test starts in collection order: a ranks test is queued and this waits until it has
         started (the scheduler's head reserves the world, so it is never starved), then moves on;
@@ -430,7 +430,7 @@ class Controller:
             now=around is not None or not TMP_FIXTURES.isdisjoint(fixtures),
             run_id=run.run_id,
         )
-        if around is not None:  # torch's parent side: setUp before the ranks start (issue 26)
+        if around is not None:  # torch's parent side: setUp before the ranks start
             around.before(run.test_dir)
         run.hosts = {rank: pool.agents[agent].host for rank, agent in enumerate(agents)}
         for rank, (agent, where) in enumerate(zip(agents, pool.placement(agents), strict=True)):
@@ -494,7 +494,7 @@ class Controller:
             self._mutant_finished(run)
             return
         around = run.item.stash.get(around_ranks_key, None)
-        if around is not None:  # torch's parent side: tearDown, and its exit-code rule (issue 26)
+        if around is not None:  # torch's parent side: tearDown, and its exit-code rule
             around.after(run.reports, run.ends)
         if self.book is not None and self._submit_mutants(run):
             return  # logged when its last mutant run has ended

@@ -347,7 +347,7 @@ class AgentPool:
             self.send(rank, "shutdown", {})
         if self.handle is not None:
             # Agents that never connected got no shutdown: end the launch at once rather than wait for it.
-            # Woken by their exit (issue 23); what arrives on the controller's queue now stays there, unread.
+            # Woken by their exit; what arrives on the controller's queue now stays there, unread.
             self.handle.wait(5.0 if len(self.agents) == self.world_size else 0.0)
             self.handle.terminate(grace=2.0)
         for agent in self.agents.values():

@@ -134,7 +134,7 @@ def usable_cores() -> int:
 
 
 def _hypothesis_seed(config: pytest.Config) -> int | str:
-    """The session's hypothesis seed, decided once for every rank (issue 9): ``--hypothesis-seed`` or drawn."""
+    """The session's hypothesis seed, decided once for every rank: ``--hypothesis-seed`` or drawn."""
     given = config.getoption("hypothesis_seed", None)
     if given is None:
         return secrets.randbits(64)
@@ -183,7 +183,7 @@ class _Run:
     exit_code: int | None = None
     """``pytest.exit(..., returncode=N)`` on a rank: the session's exit status (None: interrupted, 2)."""
     test_dir: Path | None = None
-    """The test's shared tmp_path, made by the controller before the children start (issue 9)."""
+    """The test's shared tmp_path, made by the controller before the children start."""
     warnings: dict[tuple[str, str, str, int], list[int]] = field(default_factory=dict)
     """Warnings the ranks raised: (category, message, file, line) -> ranks, folded when logged."""
     hosts: dict[int, str] = field(default_factory=dict)

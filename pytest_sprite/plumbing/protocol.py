@@ -115,7 +115,7 @@ class RunSpec(TypedDict):
     device: str
     timeout: float
     basetemp: str
-    """The controller's session basetemp (issue 9): the children make none of their own."""
+    """The controller's session basetemp: the children make none of their own."""
     tmp_path: str
     """The test's directory in it, made by the controller: ``tmp_path`` on every rank."""
     hypothesis_seed: int | str
@@ -142,7 +142,7 @@ class Abort(TypedDict):
 
     First ``kill=False``: take the child's stacks and answer ``stacks_taken``; then, once every agent of the
     test answered, ``kill=True``. So no rank is killed while a peer's stack is still to be taken: the kill
-    would break the peer's collective and end it before its stack shows where it waited (issue 27).
+    would break the peer's collective and end it before its stack shows where it waited.
     """
 
     run_id: int
@@ -451,7 +451,7 @@ def frame_event(frame: bytes) -> str:
 
     :func:`encode_frame` writes the name first. An agent relays its child's frames and needs only their
     names: decoding a report there built hundreds of objects per test, each write into the heap it shares
-    with its children a copy-on-write fault (issue 23). A frame made otherwise is decoded whole.
+    with its children a copy-on-write fault. A frame made otherwise is decoded whole.
     """
     start = HEADER_SIZE + len(_EVENT_PREFIX)
     end = frame.find(b'"', start, start + 64)

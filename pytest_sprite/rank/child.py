@@ -2,7 +2,7 @@
 
 Initializes the device and the default process group, runs pytest's own protocol for the item
 (``runtestprotocol(item, log=False)``), streams each report to its agent as soon as it is made, and
-ends with ``os._exit`` so no exit handler can turn a passed test into a crash (the seed's Aurora
+ends with ``os._exit`` so no exit handler can turn a passed test into a crash (the Aurora
 FSDP2 + Triton exit segfault).
 """
 
@@ -76,8 +76,8 @@ class ChildSession:
     """Pytest hooks active inside a test child only.
 
     Registered once in the agent (:func:`register_child_session`) and bound to its test in each child
-    (:meth:`bind`): registering a plugin costs a child a millisecond and two hundred copy-on-write faults
-    (issue 23). Unbound (in the agent) its hooks do nothing; the agent runs no test.
+    (:meth:`bind`), because registering a plugin in every child would cost each one page faults.
+    Unbound (in the agent) its hooks do nothing; the agent runs no test.
     """
 
     channel: _Channel
@@ -108,7 +108,7 @@ class ChildSession:
         try:
             if self.store.add("sprite/done", 1) == self.spec["world_size"]:
                 self.store.set("sprite/all-done", "1")
-            if self.spec["rank"] == 0:  # woken by the last check-out, not by polling (issue 23)
+            if self.spec["rank"] == 0:  # woken by the last check-out, not by polling
                 self.store.wait(["sprite/all-done"], timedelta(seconds=30))
         except Exception:  # a peer's crash can break the store, or the wait times out: the result is sent
             pass
@@ -159,7 +159,7 @@ class ChildSession:
         )
 
         zygote = subworld.zygote_pid()
-        # A test that started no process (most) has nothing to search for (issue 23).
+        # A test that started no process (most) has nothing to search for.
         nothing = started_nothing()
         ended = [] if nothing else end_session_leftovers(os.getsid(0), exclude={os.getpid()})
         for sid in [] if nothing else escaped_sessions(exclude={zygote} if zygote else ()):
@@ -225,7 +225,7 @@ class ChildSession:
             self.channel.send("collectives_called", ops=called_ops())
 
     def _join_without_group(self) -> World:
-        """``ranks(n, init=False)``: device, variables and World, but no store and no default group (issue 26).
+        """``ranks(n, init=False)``: device, variables and World, but no store and no default group.
 
         Rank 0 closes the rendezvous socket its agent reserved, so ``MASTER_PORT`` is free for the test's
         own ``init_process_group`` (``env://``); nothing of the harness waits on the other ranks.
@@ -252,7 +252,7 @@ def _ready_barrier(store: Any, *, rank: int, world_size: int) -> None:
     Two phases on the test's store: every rank arrives and waits for the last arrival; then every rank
     departs, and rank 0, which hosts the store, waits for the last departure. So once rank 0 enters the
     test (and may die there), no peer still needs its store to get in: a peer's failure after that is
-    a consequence of what happened in the test, never a setup error of its own (issue 20). Each wait is
+    a consequence of what happened in the test, never a setup error of its own. Each wait is
     bounded by the store's timeout; a rank that never arrives is ended by the controller first.
     """
     if store.add("sprite/arrived", 1) == world_size:
@@ -265,7 +265,7 @@ def _ready_barrier(store: Any, *, rank: int, world_size: int) -> None:
 
 
 def _annotate(report: pytest.TestReport, call: pytest.CallInfo[None]) -> None:
-    """What the raw report of a rank would hide or repeat (issue 9).
+    """What the raw report of a rank would hide or repeat.
 
     A rank that failed a hypothesis example only because another rank did (see ``given.py``) passed
     its own checks: its report passes with a note, so the failing example is reported once, by the
@@ -358,7 +358,7 @@ def run_spare(
 
     The agent sends the controller's ``run`` frame (a RunSpec) with rank 0's listening rendezvous
     socket attached (SCM_RIGHTS); EOF means the spare is not needed. ``pristine``: the agent's pristine
-    zygote, asked for this test's zygote only when the test starts a sub-world (issue 23).
+    zygote, asked for this test's zygote only when the test starts a sub-world.
     """
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lead_own_session()  # what the test starts stays in this session, to be ended with the test
@@ -396,7 +396,7 @@ def run_child(
         session.bind(channel, spec, listen_fd)
         bind_debugger(spec)
         set_progress_sink(lambda message: channel.send("progress", message=message))
-        # Warnings go to the controller, which folds them over ranks into its summary (issue 9).
+        # Warnings go to the controller, which folds them over ranks into its summary.
         with record_warnings(item):
             runtestprotocol(item)
         _send_uncaptured_output(item.config, channel, run_dir)
