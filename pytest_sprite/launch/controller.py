@@ -20,40 +20,24 @@ from typing import Any, Final
 
 import pytest
 
-from ..errors import LaunchError, LeftoverProcessWarning, SpriteUsageError
+from ..errors import LaunchError, SpriteUsageError
 from ..glue.around import around_ranks_key
-from ..glue.collected import store_collected
-from ..glue.mutation import MutationBook, mutation_key
 from ..glue.options import Settings
 from ..glue.pytest_internals import teardown_controller_state
-from ..glue.results import progress_line, write_progress
 from ..glue.tmp_path import TMP_FIXTURES, make_test_dir
 from ..plumbing.coverage import combine_rank_data, session_started
 from ..plumbing.distribution import importable
 from ..plumbing.process import note_tests_ran_here
 from ..plumbing.protocol import (
     AGENT_EVENTS,
-    AgentError,
-    AgentLost,
-    ChildExited,
-    Collected,
-    CollectivesCalled,
-    EndedBy,
-    Interrupted,
-    Output,
-    Progress,
-    Report,
-    StacksTaken,
-    Warning_,
 )
-from ..plumbing.ranges import fold_ranks
-from ..plumbing.stacks import STACK_WAIT
 from ..plumbing.timing import monotonic, wall
 from .debug_relay import DebugRelay
-from .mutation import killed, mutants_to_run
+from .mutation import MutantRuns
 from .pool import AgentPool
 from .rank_end import RankEnd
 from .reporting import log_run, log_warnings, merge_run
+from .run_events import RunEvents
 from .runs import (
     _hypothesis_seed,
     _Run,
@@ -79,11 +63,6 @@ TORCH_MISSING: Final = (
 )
 torch_missing_key = pytest.StashKey[str]()
 """Set on a ranks item when torch cannot be imported here: the item fails at setup with the stored line."""
-
-_STACKS_LIMIT: Final = STACK_WAIT + 5.0
-"""Seconds the kill of an abort waits for every agent's ``stacks_taken``: one that never answers holds no one."""
-_ABORT_LIMIT: Final = STACK_WAIT + 20.0
-"""Seconds an agent has to end its child after an abort: the wait for its stacks, then the kill and the leftovers."""
 
 
 class Controller:
@@ -119,14 +98,10 @@ class Controller:
         self._run_ids = 0
         self.hypothesis_seed = _hypothesis_seed(config)
         session_started()  # before any agent is forked: where the ranks of a measured session write
-        self.book: MutationBook | None = None
-        """``--sprite-mutate``: each test's killed and surviving mutants (also on the config's stash)."""
-        if settings.mutate:
-            self.book = config.stash[mutation_key] = MutationBook([s.text for s in settings.mutate])
-        self.mutant_parent: dict[int, _Run] = {}
-        """Mutant run id -> the test's own run, logged once its last mutant run has ended."""
-        self.mutants_left: dict[int, set[int]] = {}
-        """The test's own run id -> its mutant runs still queued or running."""
+        self.mutants = MutantRuns(config, settings)
+        """``--sprite-mutate``: each test's mutant runs and the book of what they killed."""
+        self.events = RunEvents(config, settings)
+        """What each event of a running test's ranks does to its run, and how its ranks are ended."""
         self.debug = DebugRelay(config)
         """The user's terminal lent to a rank's pdb (``--pdb``, ``--trace``, ``breakpoint()``)."""
 
@@ -171,7 +146,7 @@ class Controller:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.shutdown()
         combine_rank_data()
-        self.mutation_verdict(session)
+        self.mutants.verdict(session)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         line = self.use.line(pack=self.pack)
@@ -467,7 +442,7 @@ class Controller:
             if self.debug.waiting():  # a rank's pdb asks for the terminal
                 self.lend_terminal()
             for run in list(self.running.values()):
-                self._check_deadlines(pool, run)
+                self.events.check_deadlines(pool, run)
         ended = [run for run in self.running.values() if not run.live]
         for run in ended:
             self._release(run)
@@ -496,44 +471,24 @@ class Controller:
         around = run.item.stash.get(around_ranks_key, None)
         if around is not None:  # torch's parent side: tearDown, and its exit-code rule
             around.after(run.reports, run.ends)
-        if self.book is not None and self._submit_mutants(run):
+        if self.mutants.on and self._submit_mutants(run):
             return  # logged when its last mutant run has ended
         self._complete(run)
 
     def _submit_mutants(self, run: _Run) -> bool:
         """Queue ``run``'s test once per applicable mutant; whether any was queued."""
-        assert self.book is not None
-        entry = self.book.test(run.item.nodeid)
-        stopping = self._stopping(run.item.session)
-        to_run, entry.not_applicable, entry.not_run = mutants_to_run(
-            self.settings.mutate, run, self.merge(run), stopping=stopping
+        return self.mutants.submit_for(
+            run,
+            self.merge(run),
+            stopping=self._stopping(run.item.session),
+            submit=lambda text: self.submit(run.item, run.nextitem, run.n, mutant=text),
         )
-        for text in to_run:
-            mutant_run = self.submit(run.item, run.nextitem, run.n, mutant=text)
-            self.mutant_parent[mutant_run.run_id] = run
-            self.mutants_left.setdefault(run.run_id, set()).add(mutant_run.run_id)
-        return bool(to_run)
 
     def _mutant_finished(self, run: _Run, *, dropped: bool = False) -> None:
         """A mutant run ended (or was dropped by a stopping session): count it; log its test after the last."""
-        parent = self.mutant_parent.pop(run.run_id)
-        assert self.book is not None and run.mutant is not None
-        if not dropped:
-            self.book.count(parent.item.nodeid, run.mutant, killed=killed(self.merge(run), run))
-        left = self.mutants_left[parent.run_id]
-        left.discard(run.run_id)
-        if not left:
-            del self.mutants_left[parent.run_id]
+        parent = self.mutants.finished(run, [] if dropped else self.merge(run), dropped=dropped)
+        if parent is not None:
             self._complete(parent)
-
-    def mutation_verdict(self, session: pytest.Session) -> None:
-        """``--sprite-mutate-fail-under``: a session whose score is lower fails (the tests' outcomes stand)."""
-        floor = self.settings.mutate_fail_under
-        if self.book is None or floor is None:
-            return
-        score = self.book.score
-        if score is not None and score < floor and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _complete(self, run: _Run) -> None:
         """The test is done: log it when packed (``run_alone`` logs it itself)."""
@@ -574,7 +529,7 @@ class Controller:
             run = self.running.get(payload.get("run_id", -1))
         if run is None or agent not in run.agents:
             return  # a late event of a test already finished
-        getattr(self, f"on_{event}")(pool, run, run.agents.index(agent), payload)
+        getattr(self.events, f"on_{event}")(pool, run, run.agents.index(agent), payload)
 
     def on_launch_failed(self, pool: AgentPool, detail: str) -> None:
         """The world cannot be completed: nothing more starts on it, the tests in flight finish, the first
@@ -589,94 +544,6 @@ class Controller:
         if scheduler is not None:
             scheduler.stop()
 
-    def on_report(self, pool: AgentPool, run: _Run, rank: int, payload: Report) -> None:
-        """Emitted by a child for each phase (setup, call, teardown) as soon as it is made."""
-        report = self.config.hook.pytest_report_from_serializable(config=self.config, data=payload["report"])
-        run.reports.setdefault(rank, []).append(report)
-        if report.failed:
-            run.note_failure(rank)
-
-    def on_collectives_called(
-        self, pool: AgentPool, run: _Run, rank: int, payload: CollectivesCalled
-    ) -> None:
-        """Emitted by a child under ``--sprite-mutate`` at the end of its test: the ops its collectives called."""
-        run.called[rank] = list(payload["ops"])
-
-    def on_collected(self, pool: AgentPool, run: _Run, rank: int, payload: Collected) -> None:
-        """Emitted by a child's ``world.collect(name, tensor)`` (a mutant run's tensors are not the test's)."""
-        if run.mutant is not None:
-            return
-        store_collected(run.item, payload["name"], rank, payload["tensor"])
-
-    def on_output(self, pool: AgentPool, run: _Run, rank: int, payload: Output) -> None:
-        """Emitted by a child under ``-s``: show what the rank printed, each line marked with its test and rank."""
-        if run.mutant is not None:
-            return
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None:
-            return
-        reporter.ensure_newline()
-        for line in payload["text"].rstrip("\n").splitlines():
-            reporter.write_line(f"[{run.item.nodeid} rank {rank}] {line}")
-
-    def on_warning(self, pool: AgentPool, run: _Run, rank: int, payload: Warning_) -> None:
-        """Emitted by a child for each warning its test raised; logged folded over ranks with the test."""
-        if run.mutant is not None:
-            return
-        key = (payload["category"], payload["message"], payload["filename"], int(payload["lineno"]))
-        run.warnings.setdefault(key, []).append(rank)
-
-    def on_progress(self, pool: AgentPool, run: _Run, rank: int, payload: Progress) -> None:
-        """Emitted by rank 0's child through ``pytest_sprite.progress``: show it now."""
-        if run.mutant is not None:
-            return
-        write_progress(self.config, progress_line(run.item.nodeid, payload["message"]))
-
-    def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
-        """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
-        if run.interrupted is None:  # the first rank's words and code are the session's
-            run.interrupted = payload["message"]
-            run.exit_code = payload.get("returncode")
-        run.note_failure(rank)
-
-    def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:
-        """Emitted by an agent that could not start the child (e.g. it did not collect the test)."""
-        run.ends[rank] = RankEnd(rank=rank, ended_by="agent_error", detail=payload["message"])
-        run.note_failure(rank)
-
-    def on_child_exited(self, pool: AgentPool, run: _Run, rank: int, payload: ChildExited) -> None:
-        """Emitted by an agent when the child ended, on its own or by ``abort``."""
-        run.ends[rank] = RankEnd.of_exit(rank, payload)
-        run.exited[rank] = monotonic()
-        if rank in run.taking_stacks:  # it ended before its agent answered: nothing to wait for
-            run.taking_stacks.discard(rank)
-            self._kill_when_stacks_taken(pool, run)
-        if payload.get("leftovers"):
-            key = (LeftoverProcessWarning.__name__, payload["leftovers"], str(run.item.path), 0)
-            run.warnings.setdefault(key, []).append(rank)
-        reported = run.reports.get(rank, [])
-        if not (reported and reported[-1].when == "teardown"):
-            run.note_failure(rank)
-
-    def on_agent_lost(self, pool: AgentPool, run: _Run, rank: int, payload: AgentLost) -> None:
-        """Posted by a reader thread when an agent's connection closed, broke or could not be read.
-
-        Only that rank ends here; the others finish or are ended after the grace period like peers of
-        any failed rank, so their own tracebacks and stacks still reach the report. No test starts on
-        the pool any more; once the tests in flight have finished it is replaced.
-        """
-        if rank in run.live:
-            run.ends[rank] = RankEnd(
-                rank=rank,
-                ended_by="agent_lost",
-                detail=(
-                    f"the connection to rank agent {run.agents[rank]} {payload['detail']}; "
-                    f"it ran on {run.hosts.get(rank, '?')}"
-                ),
-                output_tail=pool.output_tail(),
-            )
-            run.note_failure(rank)
-
     def lend_terminal(self) -> None:
         """Serve the ranks' debuggers; the time they held the loop counts against no test's timeout or grace."""
         lent = self.debug.serve()
@@ -688,60 +555,6 @@ class Controller:
                 run.aborted[rank] += lent.seconds
             if run.run_id in lent.quit:
                 run.interrupted = run.interrupted or "Quitting debugger"
-
-    def _check_deadlines(self, pool: AgentPool, run: _Run) -> None:
-        now = monotonic()
-        if now - run.started - run.held > run.timeout:
-            self._abort(
-                pool, run, "timeout", f"after the {run.timeout:g}s timeout (from {run.timeout_source})"
-            )
-        elif run.first_failure is not None and now - run.first_failure > self.settings.grace:
-            self._abort(
-                pool,
-                run,
-                "peer_failed",
-                f"{self.settings.grace:g}s after {fold_ranks(run.failed)} failed (--rank-grace)",
-            )
-        if run.taking_stacks and now - min(run.aborted.values()) > _STACKS_LIMIT:
-            self._kill_when_stacks_taken(pool, run, now=True)  # an agent that does not answer holds no one
-        for rank, when in list(run.aborted.items()):
-            if rank in run.live and now - when > _ABORT_LIMIT:
-                pool.broken = (
-                    f"rank agent {run.agents[rank]} on {run.hosts.get(rank, '?')} did not end its child within "
-                    f"{_ABORT_LIMIT:g}s of an abort"
-                )
-                run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
-
-    def _abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
-        """Phase one of ending the live ranks: every agent takes its child's stacks (see ``Abort``)."""
-        for rank in run.live:
-            if rank not in run.aborted:
-                run.aborted[rank] = monotonic()
-                run.abort_reason = (reason, detail)
-                run.taking_stacks.add(rank)
-                pool.send(
-                    run.agents[rank],
-                    "abort",
-                    {"run_id": run.run_id, "reason": reason, "detail": detail, "kill": False},
-                )
-
-    def on_stacks_taken(self, pool: AgentPool, run: _Run, rank: int, payload: StacksTaken) -> None:
-        """Phase two once every aborted rank's stacks are taken: kill them all."""
-        run.taking_stacks.discard(rank)
-        self._kill_when_stacks_taken(pool, run)
-
-    def _kill_when_stacks_taken(self, pool: AgentPool, run: _Run, *, now: bool = False) -> None:
-        if (run.taking_stacks and not now) or run.abort_reason is None:
-            return
-        reason, detail = run.abort_reason
-        for rank in run.aborted:
-            if rank not in run.killed:
-                run.killed.add(rank)
-                pool.send(
-                    run.agents[rank],
-                    "abort",
-                    {"run_id": run.run_id, "reason": reason, "detail": detail, "kill": True},
-                )
 
     # -- logging (pytest_sprite.launch.reporting) ------------------------------------------------
 

@@ -17,12 +17,13 @@ SCRIPTS = [ROOT / "hpc" / "aurora" / "sprite.pbs", ROOT / "hpc" / "slurm" / "spr
 def pytest_arguments(script: Path, tmp_path: Path) -> list[str]:
     """The script's ``python -m pytest`` arguments, with its shell variables given sample values."""
     text = script.read_text().replace("\\\n", " ")
-    command = re.search(r"python -m pytest (.*?)(?:\| | 2>&1)", text)
+    command = re.search(r'(?:python|"\$\{PYTHON\}") -m pytest (.*?)(?:\| | 2>&1)', text)
     assert command, f"{script} has no python -m pytest command"
     line = command.group(1).replace("${TESTS}", "")
     line = line.replace('${SPRITE_K:+-k "${SPRITE_K}"}', '-k "clean or loss"')
     line = re.sub(r"\$\{(RANKS|RANKS_PER_NODE)\}", "2", line)
     line = re.sub(r"\$\{OUT\}", str(tmp_path), line)
+    line = line.replace("${DEVICE}", "cpu")
     return shlex.split(line)
 
 
@@ -77,7 +78,7 @@ def test_each_bf16_cell_is_one_command_that_selects_its_criterion_tests(
     assert env["SPRITE_TESTS"] == "--pyargs pytest_sprite.suite.test_criterion_v2"
     script = ROOT / "hpc" / ("slurm/sprite.sbatch" if "slurm" in str(readme) else "aurora/sprite.pbs")
     text = script.read_text().replace("\\\n", " ")
-    command = re.search(r"python -m pytest (.*?)(?:\| | 2>&1)", text)
+    command = re.search(r'(?:python|"\$\{PYTHON\}") -m pytest (.*?)(?:\| | 2>&1)', text)
     assert command
     k = env.get("SPRITE_K")
     line = command.group(1).replace("${TESTS}", env["SPRITE_TESTS"])

@@ -242,10 +242,10 @@ def test_time_in_the_debugger_counts_against_no_timeout_and_q_stops_the_session(
     run.agents, run.started, run.first_failure = (0, 1), now - 2.5, now - 0.5
     controller.running[run.run_id] = run
     monkeypatch.setattr(controller.debug, "serve", lambda: Lent(seconds=60.0, quit={run.run_id}))
-    monkeypatch.setattr("pytest_sprite.launch.controller.monotonic", lambda: now + 60.0)
+    monkeypatch.setattr("pytest_sprite.launch.run_events.monotonic", lambda: now + 60.0)
     controller.lend_terminal()
     pool = _Pool()
-    controller._check_deadlines(cast(Any, pool), run)
+    controller.events.check_deadlines(cast(Any, pool), run)
     assert pool.sent == [], (
         "neither the timeout nor the grace period ran while the debugger held the terminal"
     )
