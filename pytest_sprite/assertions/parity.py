@@ -263,7 +263,7 @@ def _describe_configuration(rec: ArmRecord) -> str:
 def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
     if not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not (0 < rtol < 1):
         raise ParityRefused(
-            f"rtol must be a number in (0, 1), got {rtol!r}; the lightning-sprite procedure's FP32 rule uses rtol=1e-4"
+            f"rtol must be a number in (0, 1), got {rtol!r}; the FP32 parity rule uses rtol=1e-4"
         )
     if ref is None:
         raise ParityRefused(
@@ -297,7 +297,7 @@ def _check_inputs(ref: object, arms: Sequence[object], rtol: object) -> None:
         if not norm > clip:
             raise ParityRefused(
                 f"the clip is not active in the reference at step {step}: pre-clip norm {norm:.6g} <= clip {clip:g}; "
-                "the lightning-sprite procedure's rule needs an active global-norm clip at every step: pass a smaller clip="
+                "the FP32 parity rule needs an active global-norm clip at every step: pass a smaller clip="
             )
 
 

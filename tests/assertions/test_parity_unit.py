@@ -323,7 +323,7 @@ def test_refusals_are_errors_not_failures(ref: Any, arms: tuple[Any, ...], messa
 @pytest.mark.parametrize("rtol", [0, -1e-4, 1, math.nan, "1e-4", True])
 def test_bad_rtol_is_refused(rtol: Any) -> None:
     with pytest.raises(
-        ParityRefused, match=r"rtol must be a number in \(0, 1\), got .*; the seed's FP32 rule uses"
+        ParityRefused, match=r"rtol must be a number in \(0, 1\), got .*; the FP32 parity rule uses"
     ):
         assert_parity(REF, make_record("ddp", world_size=2), rtol=rtol)
 

@@ -103,6 +103,16 @@ CASES = [
     ),
     _usage("ppn", "--ppn=0", line="--ppn must be a positive integer"),
     _usage(
+        "sprite-mutate",
+        "--sprite-mutate=bogus",
+        line="--sprite-mutate: 'bogus' is not a mutant; valid mutants:",
+    ),
+    _usage(
+        "sprite-mutate-fail-under",
+        "--sprite-mutate-fail-under=2",
+        line="--sprite-mutate-fail-under='2' is not a score; give a number from 0 to 1",
+    ),
+    _usage(
         "launcher-args-quote",
         "--launcher-args=--cpu-bind 'list:1-8",
         line='--launcher-args="--cpu-bind \'list:1-8": cannot be split into words (no closing quotation)',

@@ -21,7 +21,13 @@ CITATION = re.compile(
     r"(?<![\w./<-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./*-]*[\w*/])"
     r"(?:::([\w]+)|:(\d+))?"
 )
-READERS = {"tests/test_my_parity.py", "tests/test_first.py", "docs/_build/html"}
+READERS = {
+    "tests/test_my_parity.py",
+    "tests/test_first.py",
+    "tests/test_x.py",
+    "tests/test_allreduce.py",
+    "docs/_build/html",
+}
 """Files of the reader's project that examples name, not files of this repository."""
 
 
