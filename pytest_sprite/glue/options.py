@@ -371,13 +371,7 @@ class Settings:
             return _raw(config, opts[dest])
 
         ranks = get("sprite_ranks")
-        launcher = get("sprite_launcher")
-        launcher_name = str(launcher[0]).strip() if launcher else "local"
-        if launcher_name not in launchers:
-            where = launcher[1] if launcher else "--launcher"
-            raise SpriteUsageError(
-                f"{where}={launcher_name!r} is not a known launcher; valid launchers: {', '.join(launchers)}"
-            )
+        launcher_name = _launcher_name(get("sprite_launcher"), launchers)
         timeout = get("sprite_rank_timeout")
         grace = get("sprite_rank_grace")
         ppn = get("sprite_ppn")
@@ -423,6 +417,17 @@ class Settings:
             mutate=_mutants(get("sprite_mutate")),
             mutate_fail_under=_fail_under(get("sprite_mutate_fail_under")),
         )
+
+
+def _launcher_name(raw: tuple[Any, str] | None, launchers: Sequence[str]) -> str:
+    """``--launcher``'s value (default ``local``), one of the registry's ``launchers``."""
+    name = str(raw[0]).strip() if raw else "local"
+    if name not in launchers:
+        where = raw[1] if raw else "--launcher"
+        raise SpriteUsageError(
+            f"{where}={name!r} is not a known launcher; valid launchers: {', '.join(launchers)}"
+        )
+    return name
 
 
 def _launcher_words(raw: tuple[Any, str] | None) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.timing import monotonic, wall
 from .debug_relay import DebugRelay
-from .mutation import MutantRuns
+from .mutant_runs import MutantRuns
 from .pool import AgentPool
 from .rank_end import RankEnd
 from .reporting import log_run, log_warnings, merge_run

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import signal
 import socket
 import struct
 from collections.abc import Mapping
@@ -26,7 +25,6 @@ __all__ = [
     "FIRST_FRAME_MAX",
     "HEADER_SIZE",
     "MAX_FRAME",
-    "STACK_SIGNAL",
     "Abort",
     "AgentError",
     "AgentFailed",
@@ -309,14 +307,14 @@ CHILD_DONE: Final = "child_done"
 
 
 class DebugHello(TypedDict):
-    """``debug_hello``: a rank's debugger asks for the terminal; its first frame on the relay connection."""
+    """``debug_hello``: a rank's debugger asks for the terminal; its first frame on the relay connection.
+    ``kind``: ``post_mortem`` (``--pdb`` on a failure) or ``trace`` (``breakpoint()``, ``--trace``)."""
 
     key: str
     run_id: int
     rank: int
     nodeid: str
     kind: Literal["post_mortem", "trace"]
-    """``post_mortem``: ``--pdb`` on a failure; ``trace``: ``breakpoint()`` or ``--trace``."""
 
 
 class DebugReply(TypedDict):
@@ -357,9 +355,6 @@ DEBUGGER_FRAMES: Final[Mapping[str, type]] = {
     "debug_end": DebugEnd,
 }
 """A test child's debugger <-> the controller's debug relay (``rank/debugger.py``, ``launch/debug_relay.py``)."""
-
-STACK_SIGNAL: Final = signal.SIGUSR1
-"""Agent -> child: dump every thread's stack (faulthandler) to ``stacks.txt``; sent before an abort kills it."""
 
 COMMANDS: Final[Mapping[str, type]] = {"run": RunSpec, "abort": Abort, "shutdown": Shutdown}
 """Controller -> agent."""

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .protocol import STACK_SIGNAL
 from .timing import monotonic, sleep
 
 __all__ = [
     "NO_STACK",
+    "STACK_SIGNAL",
     "STACK_WAIT",
     "Frame",
     "keep_stack_dumps",
@@ -46,6 +46,8 @@ __all__ = [
     "take_stacks_of",
 ]
 
+STACK_SIGNAL: Final = signal.SIGUSR1
+"""Agent -> child: dump every thread's stack (faulthandler) to ``stacks.txt``; sent before an abort kills it."""
 STACK_WAIT: Final = 15.0
 """Seconds an agent waits for its child to answer the stack signal before it kills it without a stack."""
 

@@ -31,7 +31,8 @@ from ..glue.results import DEVICE_ATTR, set_progress_sink
 from ..glue.tmp_path import share_tmp_path, shared_test_dir
 from ..plumbing.coverage import rank_started, save_rank_data
 from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
-from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, STACK_SIGNAL, RunSpec, decode_frame, send_frame
+from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, RunSpec, decode_frame, send_frame
+from ..plumbing.stacks import STACK_SIGNAL
 from ..subworld.join import Seat, join_world, tcp_store
 from ..world import World
 from .debugger import bind_debugger, install_debugger

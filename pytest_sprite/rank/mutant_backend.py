@@ -12,12 +12,12 @@ names each rank called: the controller runs a mutant only for a test that called
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
+
+import torch
+import torch.distributed as dist
 
 from ..plumbing.mutants import MutantSpec, parse_spec
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["BACKEND_NAME", "called_ops", "install"]
 
@@ -42,7 +42,6 @@ def called_ops() -> list[str]:
 def install(mutant: str | None, inner_backend: str) -> str:
     """Register the wrapper backend over ``inner_backend`` and plant ``mutant`` (a spec string, or None for
     the recording clean run); the backend name for ``init_process_group``."""
-    import torch.distributed as dist
 
     _state.update(
         ops=[], counts={}, stale={}, inner=inner_backend, spec=parse_spec(mutant) if mutant else None
@@ -54,136 +53,122 @@ def install(mutant: str | None, inner_backend: str) -> str:
 
 
 def _create(options: Any, _backend_options: Any) -> Any:
-    import torch.distributed as dist
 
     from ..plumbing.dependency_internals import process_group_device_backend
 
     inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
-    group = _wrapper_class()(inner, options.group_rank, options.group_size, str(options.group_id))
+    group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
     # DTensor's functional collectives reach the real backend directly: not recorded, not mutated
     process_group_device_backend(group, inner)
     return group
 
 
-_CLASS: list[type] = []
+_ProcessGroup: Any = dist.ProcessGroup
+"""Its methods are overloaded in torch's stubs; the subclass takes torch's call forms."""
 
 
-def _wrapper_class() -> type:
-    """The ProcessGroup subclass, made once torch is imported (this module loads without torch)."""
-    if _CLASS:
-        return _CLASS[0]
-    import torch.distributed as dist
+class MutantProcessGroup(_ProcessGroup):  # type: ignore[misc]
+    """Every collective on the real backend, recorded, waited for, then mutated in place."""
 
-    base: Any = (
-        dist.ProcessGroup
-    )  # its methods are overloaded in torch's stubs; these take torch's call forms
+    def __init__(self, inner: Any, rank: int, size: int, name: str) -> None:
+        super().__init__(rank, size)
+        self.inner = inner
+        self.name_ = name
 
-    class MutantProcessGroup(base):  # type: ignore[misc]
-        """Every collective on the real backend, recorded, waited for, then mutated in place."""
+    # torch's trampoline names (a ProcessGroup made in Python has no group name of its own)
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
 
-        def __init__(self, inner: Any, rank: int, size: int, name: str) -> None:
-            super().__init__(rank, size)
-            self.inner = inner
-            self.name_ = name
+    def getGroupName(self) -> str:
+        return self.name_
 
-        # torch's trampoline names (a ProcessGroup made in Python has no group name of its own)
-        def getBackendName(self) -> str:
-            return BACKEND_NAME
+    def getGroupDesc(self) -> str:
+        return f"{BACKEND_NAME} over {_state['inner']}"
 
-        def getGroupName(self) -> str:
-            return self.name_
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return _allreduce(self, tensors, lambda ts: self.inner.allreduce(ts, opts))
 
-        def getGroupDesc(self) -> str:
-            return f"{BACKEND_NAME} over {_state['inner']}"
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return _allreduce(self, tensors, lambda ts: self.inner.allreduce_coalesced(ts, opts))
 
-        def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-            return _allreduce(self, tensors, lambda ts: self.inner.allreduce(ts, opts))
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        spec = _acting("broadcast", self)
+        if spec is not None and opts is not None:
+            opts.rootRank = (opts.rootRank + 1) % self.size()
+        return _done(self.inner.broadcast(tensors, opts))
 
-        def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-            return _allreduce(self, tensors, lambda ts: self.inner.allreduce_coalesced(ts, opts))
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        spec = _acting("allgather", self)
+        work = _done(self.inner.allgather(outputs, inputs, opts))
+        if spec is not None and self.size() > 1:
+            for out in outputs:
+                a, b = out[0].clone(), out[1].clone()
+                out[0].copy_(b)
+                out[1].copy_(a)
+        return work
 
-        def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-            spec = _acting("broadcast", self)
-            if spec is not None and opts is not None:
-                opts.rootRank = (opts.rootRank + 1) % self.size()
-            return _done(self.inner.broadcast(tensors, opts))
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        spec = _acting("allgather", self)
+        work = _done(self.inner._allgather_base(output, input, opts))
+        if spec is not None and self.size() > 1:
+            shards = output.view(self.size(), -1)
+            a = shards[0].clone()
+            shards[0].copy_(shards[1])
+            shards[1].copy_(a)
+        return work
 
-        def allgather(
-            self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
-        ) -> Any:
-            spec = _acting("allgather", self)
-            work = _done(self.inner.allgather(outputs, inputs, opts))
-            if spec is not None and self.size() > 1:
-                for out in outputs:
-                    a, b = out[0].clone(), out[1].clone()
-                    out[0].copy_(b)
-                    out[1].copy_(a)
-            return work
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
 
-        def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            spec = _acting("allgather", self)
-            work = _done(self.inner._allgather_base(output, input, opts))
-            if spec is not None and self.size() > 1:
-                shards = output.view(self.size(), -1)
-                a = shards[0].clone()
-                shards[0].copy_(shards[1])
-                shards[1].copy_(a)
-            return work
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        spec = _acting("reduce_scatter", self)
+        if spec is None:
+            return _done(self.inner.reduce_scatter(outputs, inputs, opts))
 
-        def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            return self._allgather_base(output, input, opts)
+        full = torch.stack([t.clone() for t in inputs[0]])
+        work = _done(self.inner.allreduce([full]))
+        outputs[0].copy_(full[_shifted(self, spec)])
+        return work
 
-        def reduce_scatter(
-            self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
-        ) -> Any:
-            spec = _acting("reduce_scatter", self)
-            if spec is None:
-                return _done(self.inner.reduce_scatter(outputs, inputs, opts))
-            import torch
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        spec = _acting("reduce_scatter", self)
+        if spec is None:
+            return _done(self.inner._reduce_scatter_base(output, input, opts))
+        full = input.clone()
+        work = _done(self.inner.allreduce([full]))
+        output.copy_(full.view(self.size(), *output.shape)[_shifted(self, spec)])
+        return work
 
-            full = torch.stack([t.clone() for t in inputs[0]])
-            work = _done(self.inner.allreduce([full]))
-            outputs[0].copy_(full[_shifted(self, spec)])
-            return work
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
 
-        def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            spec = _acting("reduce_scatter", self)
-            if spec is None:
-                return _done(self.inner._reduce_scatter_base(output, input, opts))
-            full = input.clone()
-            work = _done(self.inner.allreduce([full]))
-            output.copy_(full.view(self.size(), *output.shape)[_shifted(self, spec)])
-            return work
+    def barrier(self, opts: Any = None) -> Any:
+        return _done(self.inner.barrier(opts) if opts is not None else self.inner.barrier())
 
-        def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-            return self._reduce_scatter_base(output, input, opts)
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        return self.inner.send(tensors, dst, tag)
 
-        def barrier(self, opts: Any = None) -> Any:
-            return _done(self.inner.barrier(opts) if opts is not None else self.inner.barrier())
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self.inner.recv(tensors, src, tag)
 
-        def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-            return self.inner.send(tensors, dst, tag)
+    def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return _done(self.inner.gather(outputs, inputs, opts))
 
-        def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-            return self.inner.recv(tensors, src, tag)
+    def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return _done(self.inner.scatter(outputs, inputs, opts))
 
-        def gather(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            return _done(self.inner.gather(outputs, inputs, opts))
+    def reduce(self, tensors: Any, opts: Any = None) -> Any:
+        return _done(self.inner.reduce(tensors, opts))
 
-        def scatter(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
-            return _done(self.inner.scatter(outputs, inputs, opts))
+    def alltoall_base(self, *args: Any) -> Any:
+        return _done(self.inner.alltoall_base(*args))
 
-        def reduce(self, tensors: Any, opts: Any = None) -> Any:
-            return _done(self.inner.reduce(tensors, opts))
-
-        def alltoall_base(self, *args: Any) -> Any:
-            return _done(self.inner.alltoall_base(*args))
-
-        def alltoall(self, *args: Any) -> Any:
-            return _done(self.inner.alltoall(*args))
-
-    _CLASS.append(MutantProcessGroup)
-    return MutantProcessGroup
+    def alltoall(self, *args: Any) -> Any:
+        return _done(self.inner.alltoall(*args))
 
 
 def _done(work: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue.mutation import mutation_key
+from pytest_sprite.glue.mutation_book import mutation_key
 from pytest_sprite.glue.options import Settings
 from pytest_sprite.glue.output_paths import not_written
 from pytest_sprite.report.store import ResultStore
@@ -146,7 +146,7 @@ class SpriteReporter:
             write_summary(terminalreporter, self.store.tests.values(), short=short)
         book = self.config.stash.get(mutation_key, None)
         if book is not None:
-            from pytest_sprite.report.mutation import write_mutation_table
+            from pytest_sprite.report.mutation_table import write_mutation_table
 
             write_mutation_table(terminalreporter, book)
         for what, path in self.written:

@@ -95,6 +95,15 @@ def tcp_store(
     )
 
 
+def _check_collectives() -> None:
+    """Wrap every group in torch's fingerprint check; the environment variable carries it into the
+    processes the test starts (Lightning, sub-worlds)."""
+    import torch.distributed as dist
+
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
+
+
 def join_world(
     seat: Seat,
     *,
@@ -125,9 +134,7 @@ def join_world(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // seat.local_size))
     device, backend = select_device(seat.device, seat.device_index, seat.local_size)
     if collective_check:
-        # the environment variable carries the check into processes the test starts (Lightning, sub-worlds)
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
+        _check_collectives()
     if dist.is_initialized():
         raise RuntimeError(f"rank {seat.rank} started with a process group already initialized")
     store = None

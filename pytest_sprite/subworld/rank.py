@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 from pytest_sprite.plumbing.coverage import rank_started, save_rank_data
 from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
-from pytest_sprite.plumbing.protocol import STACK_SIGNAL, encode_object
-from pytest_sprite.plumbing.stacks import keep_stack_dumps
+from pytest_sprite.plumbing.protocol import encode_object
+from pytest_sprite.plumbing.stacks import STACK_SIGNAL, keep_stack_dumps
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, join_world, tcp_store

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_sprite.glue.mutation import MutationBook
+from pytest_sprite.glue.mutation_book import MutationBook
 from pytest_sprite.plumbing.mutants import CATALOGUE, applicable, parse_spec, select_mutants
-from pytest_sprite.report.mutation import mutation_lines
+from pytest_sprite.report.mutation_table import mutation_lines
 
 pytestmark = pytest.mark.cpu
 

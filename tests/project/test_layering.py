@@ -1,4 +1,6 @@
-"""Every import inside pytest_sprite points down (issue 8): read from the source with ast, no module imported.
+"""Every import inside pytest_sprite points down, and no module or function outgrows one concern.
+
+Read from the source with ast, no module imported.
 
 The rules: each package imports only the packages its entry in ``RULES`` names, and no module reaches
 itself through its imports (0 import circles). Lazy imports inside functions and ``TYPE_CHECKING`` imports
@@ -206,3 +208,30 @@ def test_the_checker_sees_lazy_and_relative_imports() -> None:
     assert _p("recipes._arm") in imports(_p("recipes.recipe"))  # imported inside run_recipe()
     assert _p("recipes.constants") in imports(_p("recipes._model"))
     assert _p("errors") in imports(_p("records"))
+
+
+MODULE_LINES = 600
+"""A module longer than this holds more than one concern: split it by what each part decides."""
+FUNCTION_LINES = 60
+"""A function longer than this does more than one thing: name the parts."""
+
+
+def _sizes() -> tuple[list[str], list[str]]:
+    modules, functions = [], []
+    for path in sorted(ROOT.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        where = path.relative_to(ROOT.parent)
+        if len(text.splitlines()) > MODULE_LINES:
+            modules.append(f"{where}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > FUNCTION_LINES:
+                    functions.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    return modules, functions
+
+
+def test_no_module_over_600_lines_and_no_function_over_60() -> None:
+    modules, functions = _sizes()
+    assert not modules, f"modules over {MODULE_LINES} lines: {modules}"
+    assert not functions, f"functions over {FUNCTION_LINES} lines: {functions}"

@@ -1,5 +1,5 @@
 """``--sprite-mutate`` in the controller: which mutants a test runs under, whether one was killed, and the
-bookkeeping of a test's mutant runs until its last has ended (the book: :mod:`pytest_sprite.glue.mutation`).
+bookkeeping of a test's mutant runs until its last has ended (the book: :mod:`pytest_sprite.glue.mutation_book`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..glue.mutation import MutationBook, mutation_key
+from ..glue.mutation_book import MutationBook, mutation_key
 from ..glue.options import Settings
 from ..plumbing.mutants import MutantSpec, applicable
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_sprite.glue.mutation import MutationBook
+from pytest_sprite.glue.mutation_book import MutationBook
 
 __all__ = ["mutation_lines", "write_mutation_table"]
 
