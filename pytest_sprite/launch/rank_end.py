@@ -97,8 +97,8 @@ def describe_end(end: RankEnd, phase: str) -> str:
         )
     elif end.ended_by == "agent_lost":
         head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
-    elif end.ended_by == "agent_error":
-        head = f"{who}: its rank agent could not run the test: {end.detail}"
+    elif end.ended_by == "agent_error":  # often every rank's, for one reason: the text folds over ranks
+        head = f"its rank agent could not run the test: {end.detail}"
     elif end.signal is not None:
         head = f"{who} CRASHED with signal {end.signal} ({signal_name(end.signal)}) during {phase}"
     else:

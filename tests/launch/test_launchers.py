@@ -287,7 +287,7 @@ def test_launch_that_dies_before_agents_connect(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*rank 0: its rank agent could not run the test: --launcher=mpiexec: the launch ended with status * "
+            "*its rank agent could not run the test: --launcher=mpiexec: the launch ended with status * "
             "before all 2 agents connected (0 did). Its output:*",
             "*+ */mpiexec -n 2 --no-such-option env -u RANK -u LOCAL_RANK*",
             "*no-such-option*",
@@ -315,7 +315,7 @@ def test_fewer_agents_than_asked_within_connect_timeout(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*rank 0: its rank agent could not run the test: --launcher=mpiexec: only 1 of 2 agents connected "
+            "*its rank agent could not run the test: --launcher=mpiexec: only 1 of 2 agents connected "
             "within 15s (--connect-timeout); connected ranks: [[]0[]]. Launcher output:*",
         ]
     )

@@ -175,3 +175,24 @@ def test_xfail_on_every_rank_keeps_wasxfail() -> None:
     for reports in per_rank.values():
         reports[1].wasxfail = "known"  # type: ignore[attr-defined]
     assert merge(per_rank, clean(0, 1), 2)["call"].wasxfail == "known"  # type: ignore[attr-defined]
+
+
+def test_a_failed_launch_shows_its_cause_once_and_folds_the_other_ranks() -> None:
+    """A launch that failed for all 64 ranks is two groups, not 64 paragraphs: rank 0's cause, the rest."""
+    ends = {
+        r: RankEnd(
+            rank=r,
+            ended_by="agent_error",
+            detail="mpiexec: the launch ended"
+            if r == 0
+            else "the launch failed before it started (rank 0 shows why)",
+        )
+        for r in range(64)
+    }
+    setup = merge({}, ends, 64)["setup"]
+    assert [ranks for ranks, _ in setup.longrepr.groups] == [(0,), tuple(range(1, 64))]
+    text = str(setup.longrepr.groups[1][1])
+    assert (
+        text
+        == "its rank agent could not run the test: the launch failed before it started (rank 0 shows why)"
+    )
