@@ -34,16 +34,17 @@ def load_schema() -> dict[str, Any]:
     return schema
 
 
-def check_target(path: str, *, overwrite: bool) -> Path:
-    """Refuse, before any test runs, a report path that exists (unless ``overwrite``) or is a directory."""
+def check_target(path: str, *, overwrite: bool, option: str = "--sprite-report") -> Path:
+    """Refuse a report path that exists (unless ``overwrite``) or is a directory; ``option`` names where it came
+    from in the error."""
     target = Path(path)
     if target.is_dir():
         raise SpriteUsageError(
-            f"--sprite-report={path}: is a directory; pass a file path such as {path}/report.json"
+            f"{option}={path}: is a directory; pass a file path such as {path}/report.json"
         )
     if target.exists() and not overwrite:
         raise SpriteUsageError(
-            f"--sprite-report={path}: the file exists and a report is never overwritten; "
+            f"{option}={path}: the file exists and a report is never overwritten; "
             "pass a new path or add --sprite-report-overwrite"
         )
     return target

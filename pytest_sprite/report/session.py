@@ -36,10 +36,14 @@ class SpriteReporter:
         self.collect_errors: list[dict[str, str]] = []
         """A line per file that could not be written at the session's end: said, never raised, so the
         summary and the exit status the tests earned survive a full disk."""
-        if settings.report:
+        if settings.report:  # refused before any test runs: it exists, is a folder, or cannot be written
+            from pytest_sprite.glue.options import option_source
+            from pytest_sprite.glue.output_paths import check_output_file
             from pytest_sprite.report.json_report import check_target
 
-            check_target(settings.report, overwrite=settings.report_overwrite)
+            option = option_source(config, "sprite_report")
+            check_target(settings.report, overwrite=settings.report_overwrite, option=option)
+            check_output_file(settings.report, option)
         if settings.plots:
             from pytest_sprite.report.plots import check_plots_available
 
