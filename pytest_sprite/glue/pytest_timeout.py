@@ -87,10 +87,14 @@ class TimeoutBridge:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """Refuse a ranks test that sets its timeout twice, by both markers."""
+        """Refuse a ranks test whose ``@pytest.mark.timeout`` is not a number of seconds (pytest-timeout would
+        stop the session with an internal error when the test starts), or that sets its timeout twice."""
         for item in items:
             spec = item_ranks_spec(item)
-            if spec is None or spec.timeout is None:
+            if spec is None:
+                continue
+            _check_marker(item)
+            if spec.timeout is None:
                 continue
             theirs = pytest_timeout_of(item, per_test_only=True)
             if theirs is not None:
@@ -98,6 +102,22 @@ class TimeoutBridge:
                     f"{item.nodeid}: both @pytest.mark.ranks(timeout={spec.timeout:g}) and {theirs[1]} set "
                     "its timeout; keep one (either becomes the test's rank timeout)"
                 )
+
+
+def _check_marker(item: pytest.Item) -> None:
+    mark = item.get_closest_marker("timeout")
+    if mark is None:
+        return
+    value = mark.args[0] if mark.args else mark.kwargs.get("timeout")
+    try:
+        valid = value is not None and not isinstance(value, bool) and float(value) >= 0
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.timeout({value!r}) is not a number of seconds; give one, such as "
+            "@pytest.mark.timeout(60) (it becomes the test's rank timeout)"
+        )
 
 
 def register_timeout_bridge(config: pytest.Config) -> None:

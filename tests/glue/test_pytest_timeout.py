@@ -88,3 +88,20 @@ def test_two_timeouts_on_one_ranks_test_are_refused(pytester: pytest.Pytester) -
             "*test_twice: both @pytest.mark.ranks(timeout=5) and @pytest.mark.timeout(3) set its timeout; keep one*"
         ]
     )
+
+
+def test_a_timeout_marker_that_is_not_seconds_is_refused_naming_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        @pytest.mark.timeout("soon")
+        def test_soon(world):
+            pass
+        """
+    )
+    result = run_pytest(pytester, "-p", "timeout", timeout=TIMEOUT)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_soon: @pytest.mark.timeout('soon') is not a number of seconds*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
