@@ -262,7 +262,7 @@ def run_cell(cell: Cell, workdir: Path, timeout: float, tree: Path | None = None
 
 
 def _figure(value: float | str | None) -> str:
-    from pytest_sprite.assertions._tables import figure_cell
+    from pytest_sprite.assertions.tables import figure_cell
 
     return figure_cell(value)
 

@@ -282,7 +282,7 @@ def detail_tables(
 
 
 def text_report(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
-    from pytest_sprite.assertions._tables import render_table
+    from pytest_sprite.assertions.tables import render_table
 
     parts = ["The seed's cells (hardware: the seed's, one run each; here: this machine)", ""]
     parts += [render_table(CELL_HEADERS, cell_rows(cells, records))]

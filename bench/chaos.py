@@ -26,16 +26,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pytest_sprite import CrashConsistencyError, CrashMatrix, assert_crash_consistent
-from pytest_sprite.chaos.crash_targets import MatrixTarget
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV
-from pytest_sprite.chaos.lora import LoraQwenTarget
-from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, rank_envs
-from pytest_sprite.chaos.targets import load_weights, write_sitecustomize
+from pytest_sprite.save_crashes.crash_targets import MatrixTarget
+from pytest_sprite.save_crashes.inject import CRASH_EXIT_CODE, PLAN_ENV
+from pytest_sprite.save_crashes.lora import LoraQwenTarget
+from pytest_sprite.save_crashes.target_run import RankOutcome, RunOutcome, RunRequest, rank_envs
+from pytest_sprite.save_crashes.targets import load_weights, write_sitecustomize
 
 ENTRY = (
     "import sys, torch\n"
     "from pathlib import Path\n"
-    "from pytest_sprite.chaos.lora import _train_entry\n"
+    "from pytest_sprite.save_crashes.lora import _train_entry\n"
     "weights = _train_entry(Path(sys.argv[1]), sys.argv[2])\n"
     "if sys.argv[3]:\n"
     "    torch.save(weights, sys.argv[3])\n"

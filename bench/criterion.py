@@ -97,7 +97,7 @@ skip-update    ddp   rejected  synchronized         0                  1.93e-10 
 
 
 def _figure(value: float | str) -> str:
-    from pytest_sprite.assertions._tables import format_figure
+    from pytest_sprite.assertions.tables import format_figure
 
     return format_figure(value) if isinstance(value, float) else str(value)
 

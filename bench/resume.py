@@ -34,7 +34,7 @@ from pytest_sprite.assertions.resume import judge_resume
 from pytest_sprite.recipes._resume import ResumeRecipe
 from pytest_sprite.recipes.artifacts import load_resume_run, write_resume_run
 from pytest_sprite.recipes.lora_qwen import LoraQwen
-from pytest_sprite.recipes.resume import run_resume_roles
+from pytest_sprite.recipes.resume_roles import run_resume_roles
 
 # The seed's checkpoint cells on 4 A100s (one run each): verdicts only; the seed prints no timings.
 SEED = """\
@@ -57,7 +57,7 @@ class _Interpreters:
         self.files.append(path)
         code = (
             "import socket, sys\n"
-            "from pytest_sprite.subworld.rank import rank_main\n"
+            "from pytest_sprite.subworld.rank_body import rank_main\n"
             f"rank_main(open({path!r}, 'rb').read(), socket.socket(fileno={channel.fileno()}))\n"
         )
         proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[channel.fileno()])

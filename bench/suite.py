@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.recipes.store import STORE_DIR, run_counts, tally
+from pytest_sprite.recipes.clean_references import STORE_DIR, run_counts, tally
 
 VOLATILE = (
     "wall",

@@ -72,7 +72,7 @@ _LAZY = {
     "ArmParity": "pytest_sprite.assertions.parity",
     "ArmRecord": "pytest_sprite.records",
     "ArtifactExistsError": "pytest_sprite.recipes.artifacts",
-    "AssertionFailure": "pytest_sprite.assertions._evidence",
+    "AssertionFailure": "pytest_sprite.assertions.evidence",
     "Bf16ArmRecord": "pytest_sprite.records",
     "CRITERION_CHECKS": "pytest_sprite.assertions.criterion_v2",
     "CriterionError": "pytest_sprite.assertions.criterion_v2",
@@ -80,11 +80,11 @@ _LAZY = {
     "CriterionResult": "pytest_sprite.assertions.criterion_v2",
     "CrashConsistencyError": "pytest_sprite.assertions.crash_consistency",
     "CrashMatrix": "pytest_sprite.assertions.crash_consistency",
-    "FAULTS": "pytest_sprite.faults",
-    "FailedCheck": "pytest_sprite.assertions._evidence",
-    "Fault": "pytest_sprite.faults",
-    "FaultNotRejected": "pytest_sprite.assertions.faults",
-    "FaultRejection": "pytest_sprite.assertions.faults",
+    "FAULTS": "pytest_sprite.planted_faults",
+    "FailedCheck": "pytest_sprite.assertions.evidence",
+    "Fault": "pytest_sprite.planted_faults",
+    "FaultNotRejected": "pytest_sprite.assertions.expect_fault",
+    "FaultRejection": "pytest_sprite.assertions.expect_fault",
     "KillAt": "pytest_sprite.subworld",
     "LaunchError": "pytest_sprite.errors",
     "LoraQwen": "pytest_sprite.recipes.lora_qwen",
@@ -104,31 +104,30 @@ _LAZY = {
     "World": "pytest_sprite.world",
     "assert_criterion_v2": "pytest_sprite.assertions.criterion_v2",
     "assert_crash_consistent": "pytest_sprite.assertions.crash_consistency",
-    "crash_command": "pytest_sprite.chaos.crash_targets",
-    "crash_fn": "pytest_sprite.chaos.crash_targets",
-    "crash_hf_trainer": "pytest_sprite.chaos.crash_targets",
-    "crash_recipe": "pytest_sprite.chaos.crash_targets",
+    "crash_command": "pytest_sprite.save_crashes.crash_targets",
+    "crash_fn": "pytest_sprite.save_crashes.crash_targets",
+    "crash_hf_trainer": "pytest_sprite.save_crashes.crash_targets",
+    "crash_recipe": "pytest_sprite.save_crashes.crash_targets",
     "emit": "pytest_sprite.subworld",
     "kill_point": "pytest_sprite.subworld",
-    "note_resumed_from": "pytest_sprite.chaos.inject",
-    "note_save_complete": "pytest_sprite.chaos.inject",
+    "note_resumed_from": "pytest_sprite.save_crashes.inject",
+    "note_save_complete": "pytest_sprite.save_crashes.inject",
     "assert_parity": "pytest_sprite.assertions.parity",
-    "assertion_results": "pytest_sprite.glue.results",
+    "assertion_results": "pytest_sprite.glue.recorded_results",
     "assert_resume_bitexact": "pytest_sprite.assertions.resume",
     "collected": "pytest_sprite.glue.collected",
     "data_parallel_mesh": "pytest_sprite.recipes.mesh",
-    "expect_fault_rejected": "pytest_sprite.assertions.faults",
+    "expect_fault_rejected": "pytest_sprite.assertions.expect_fault",
     "judge_crash_matrix": "pytest_sprite.assertions.crash_consistency",
     "load_arm_record": "pytest_sprite.recipes.artifacts",
-    "progress": "pytest_sprite.glue.results",
-    "record_assertion": "pytest_sprite.glue.results",
+    "progress": "pytest_sprite.glue.recorded_results",
+    "record_assertion": "pytest_sprite.glue.recorded_results",
     "run_subworld": "pytest_sprite.subworld",
     "tensor_digest": "pytest_sprite.records",
 }
 """Where each public name lives; its module is imported on first access."""
 
 if TYPE_CHECKING:
-    from .assertions._evidence import AssertionFailure, FailedCheck
     from .assertions.crash_consistency import (
         CrashConsistencyError,
         CrashMatrix,
@@ -142,7 +141,8 @@ if TYPE_CHECKING:
         CriterionResult,
         assert_criterion_v2,
     )
-    from .assertions.faults import FaultNotRejected, FaultRejection, expect_fault_rejected
+    from .assertions.evidence import AssertionFailure, FailedCheck
+    from .assertions.expect_fault import FaultNotRejected, FaultRejection, expect_fault_rejected
     from .assertions.parity import (
         PARITY_CHECKS,
         ArmParity,
@@ -152,17 +152,17 @@ if TYPE_CHECKING:
         assert_parity,
     )
     from .assertions.resume import ResumeError, ResumeResult, assert_resume_bitexact
-    from .chaos.crash_targets import crash_command, crash_fn, crash_hf_trainer, crash_recipe
-    from .chaos.inject import note_resumed_from, note_save_complete
     from .errors import LaunchError, RankEnvError, SpriteError, SpriteUsageError
-    from .faults import FAULTS, Fault
     from .glue.collected import collected
-    from .glue.results import assertion_results, progress, record_assertion
+    from .glue.recorded_results import assertion_results, progress, record_assertion
+    from .planted_faults import FAULTS, Fault
     from .recipes.artifacts import ArtifactExistsError, load_arm_record
     from .recipes.lora_qwen import LoraQwen
     from .recipes.mesh import data_parallel_mesh
     from .recipes.recipe import Recipe
     from .records import ArmRecord, Bf16ArmRecord, RecipeIdentity, tensor_digest
+    from .save_crashes.crash_targets import crash_command, crash_fn, crash_hf_trainer, crash_recipe
+    from .save_crashes.inject import note_resumed_from, note_save_complete
     from .subworld import KillAt, SubworldError, SubworldResult, emit, kill_point, run_subworld
     from .world import World
 

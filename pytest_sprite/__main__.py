@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(words)
 
-    from pytest_sprite.report.judge import judge_directory
+    from pytest_sprite.report.rejudge import judge_directory
     from pytest_sprite.report.terminal import build_tables, render_text
 
     try:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from .faults import FaultRegistry
     from .launch.launchers import LauncherRegistry
+    from .planted_faults import FaultRegistry
     from .report.kinds import ReportTables
 
 __all__ = [
@@ -57,7 +57,7 @@ def pytest_sprite_add_launchers(launchers: LauncherRegistry) -> None:
 def pytest_sprite_add_faults(faults: FaultRegistry) -> None:
     """Add planted faults: ``faults.add(Fault(name=..., arms=..., by=..., planter=...))``.
 
-    A :class:`~pytest_sprite.faults.Fault` names its :class:`~pytest_sprite.faults.Planter`, the arms it may be
+    A :class:`~pytest_sprite.planted_faults.Fault` names its :class:`~pytest_sprite.planted_faults.Planter`, the arms it may be
     planted on and the checks that must reject it; ``run(fault=name)`` plants it and ``expect_fault_rejected``
     judges it. Called once per session at configure, in every process; the built-in faults register here too.
     """

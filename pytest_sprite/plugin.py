@@ -17,14 +17,14 @@ from .glue import ranked_report
 from .glue.markers import PARAM_NAME, remember_ranks_spec, size_id, world_sizes
 from .glue.options import Settings, register_options, settings_key
 from .glue.pytest_timeout import register_timeout_bridge
-from .glue.results import ResultsPlugin
+from .glue.recorded_results import ResultsPlugin
 
 pytest_plugins = [
     "pytest_sprite.fixtures",
-    "pytest_sprite.recipes.fixtures",
+    "pytest_sprite.recipes.recipe_fixtures",
     # The built-in launchers and faults register through the same hooks as a project's.
     "pytest_sprite.launch.launchers",
-    "pytest_sprite.faults",
+    "pytest_sprite.planted_faults",
 ]
 
 RANKS_MARKER_HELP = (
@@ -75,8 +75,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .faults import collect_faults
     from .launch.launchers import collect_launchers
+    from .planted_faults import collect_faults
 
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
@@ -120,7 +120,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     the 2-core test machine after the session has said everything; ``SPRITE_FAST_EXIT=0`` keeps them). Not
     when pytest runs inside another program (``pytest.main``), whose own exit is its business; that program
     gets its fault registry back."""
-    from .faults import restore_faults
+    from .planted_faults import restore_faults
 
     restore_faults(config)
     if _runs_as_pytest():

@@ -15,7 +15,7 @@ The matrix as a whole fails when two fault-free runs already differ (divergence 
 when a repeated fault-free run failed (``flake=``), when the control row (no crash) is not a PASS, or on any
 HARD_FAIL or SILENT_DIVERGENCE row (LOST_WORK too with ``allow_lost_work=False``). The judge is pure: no torch,
 no processes. :func:`assert_crash_consistent` asks a :class:`CrashTarget` (built by ``crash_fn``,
-``crash_command``, ``crash_recipe`` or ``crash_hf_trainer`` in :mod:`pytest_sprite.chaos`, which runs it) for its
+``crash_command``, ``crash_recipe`` or ``crash_hf_trainer`` in :mod:`pytest_sprite.save_crashes`, which runs it) for its
 matrix under :class:`MatrixSettings`, and judges it here.
 """
 
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck, attributes
-from pytest_sprite.assertions._tables import format_figure, render_table
+from pytest_sprite.assertions.evidence import AssertionFailure, FailedCheck, attributes
+from pytest_sprite.assertions.tables import format_figure, render_table
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.glue.recorded_results import record_assertion
 
 __all__ = [
     "MATRIX_FILE",

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sprite.assertions._evidence import FailedCheck
-from pytest_sprite.faults import FAULTS
+from pytest_sprite.assertions.evidence import FailedCheck
+from pytest_sprite.planted_faults import FAULTS
 
 __all__ = ["FaultVerdict", "fault_verdict", "fault_verdicts", "item_verdict", "payload_failures"]
 

@@ -15,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
-from pytest_sprite.assertions._tables import (
+from pytest_sprite.assertions.evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
+from pytest_sprite.assertions.fault_verdict import item_verdict
+from pytest_sprite.assertions.numeric import bit_equal, finite_or_repr, rel, rel_l2
+from pytest_sprite.assertions.tables import (
     Row,
     figure_cell,
     format_count,
@@ -25,10 +27,8 @@ from pytest_sprite.assertions._tables import (
     pass_or_fail_kind,
     render_table,
 )
-from pytest_sprite.assertions.fault_verdict import item_verdict
-from pytest_sprite.assertions.numeric import bit_equal, finite_or_repr, rel, rel_l2
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.glue.recorded_results import record_assertion
 from pytest_sprite.plumbing.ranges import fold_ranks
 from pytest_sprite.records import DISTRIBUTED_ARMS, FP32_PRECISION, ArmRecord
 

@@ -70,7 +70,7 @@ OPTIONS: Final = (
         "sprite_launcher",
         "launcher",
         "SPRITE_LAUNCHER",
-        "How rank agents start: local (fork, default), mpiexec, pals, srun, torchrun.",
+        "How rank agents start: local (fork, default) or any registered launcher (an unknown name lists them).",
         "NAME",
     ),
     _Option(

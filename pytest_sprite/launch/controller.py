@@ -33,12 +33,7 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.timing import monotonic, wall
 from .debug_relay import DebugRelay
-from .mutant_runs import MutantRuns
-from .pool import AgentPool
-from .rank_end import RankEnd
-from .reporting import log_run, log_warnings, merge_run
-from .run_events import RunEvents
-from .runs import (
+from .item_runs import (
     _hypothesis_seed,
     _Run,
     beyond_world_key,
@@ -50,6 +45,11 @@ from .runs import (
     usable_cores,
     world_size_key,
 )
+from .mutant_runs import MutantRuns
+from .pool import AgentPool
+from .rank_end import RankEnd
+from .reporting import log_run, log_warnings, merge_run
+from .run_events import RunEvents
 from .schedule import Scheduler, Utilisation
 
 __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]

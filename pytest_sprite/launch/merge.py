@@ -15,7 +15,7 @@ from pytest import TestReport
 
 from ..glue.pytest_internals import ReprFileLocation, TerminalRepr, TerminalWriter
 from ..glue.ranked_report import ranked_report
-from ..glue.results import RANKS_ATTR, REPORT_ATTR
+from ..glue.recorded_results import RANKS_ATTR, REPORT_ATTR
 from ..plumbing.collectives import TRANSPORT_ERROR
 from ..plumbing.protocol import EndedBy
 from ..plumbing.ranges import fold_ranks

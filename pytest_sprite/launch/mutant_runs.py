@@ -14,7 +14,7 @@ from ..glue.options import Settings
 from ..plumbing.mutants import MutantSpec, applicable
 
 if TYPE_CHECKING:
-    from .runs import _Run
+    from .item_runs import _Run
 
 __all__ = ["MutantRuns", "killed", "mutants_to_run"]
 

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from pytest import TestReport
 
-from ..glue.results import DEVICE_ATTR
+from ..glue.recorded_results import DEVICE_ATTR
 from .rank_end import RankEnd, held_until_end, signal_name
 
 __all__ = ["OUTPUT_LIMIT", "STREAMS", "bounded", "phase_output", "rank_outcomes"]

@@ -14,12 +14,12 @@ import pytest
 
 from ..errors import LeftoverProcessWarning
 from ..glue.around import CarriedTest, around_ranks_key
-from ..glue.results import keep_reported
+from ..glue.recorded_results import keep_reported
 from ..glue.tmp_path import prune_test_dir
 from ..plumbing.ranges import fold_ranks
+from .item_runs import _Run
 from .merge import merge_rank_reports
 from .rank_end import RankEnd
-from .runs import _Run
 
 __all__ = ["log_run", "log_warnings", "merge_run"]
 
@@ -96,37 +96,16 @@ def _ends(run: _Run, per_rank: dict[int, list[pytest.TestReport]]) -> dict[int, 
     return ends
 
 
-def _log_carried(run: _Run, carried: CarriedTest) -> None:
-    """Log one test ``run`` carried, merged over its ranks, as its own test."""
-    item, ihook = carried.item, carried.item.ihook
-    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for report in merge_rank_reports(
-        nodeid=item.nodeid,
-        location=item.location,
-        keywords={k: 1 for k in item.keywords},
-        per_rank=carried.reports,
-        ends=_ends(run, carried.reports),
-        world_size=run.n,
-        failure_order=run.failed,
-        hosts=run.hosts,
-        stacks_took=run.stacks_took,
-        woken=run.woken,
-        started_at=run.started_at or None,
-    ):
-        keep_reported(item, report)
-        ihook.pytest_runtest_logreport(report=report)
-    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-
-
-def merge_run(run: _Run) -> list[pytest.TestReport]:
-    """``run``'s per-rank reports merged into one per phase."""
-    item = run.item
+def _merged(
+    run: _Run, item: pytest.Item, per_rank: dict[int, list[pytest.TestReport]], ends: dict[int, RankEnd]
+) -> list[pytest.TestReport]:
+    """``item``'s reports from ``run``'s ranks merged into one per phase."""
     return merge_rank_reports(
         nodeid=item.nodeid,
         location=item.location,
         keywords={k: 1 for k in item.keywords},
-        per_rank=run.reports,
-        ends=_ends(run, run.reports) if _carried(run) else run.ends,
+        per_rank=per_rank,
+        ends=ends,
         world_size=run.n,
         failure_order=run.failed,
         hosts=run.hosts,
@@ -134,3 +113,18 @@ def merge_run(run: _Run) -> list[pytest.TestReport]:
         woken=run.woken,
         started_at=run.started_at or None,
     )
+
+
+def _log_carried(run: _Run, carried: CarriedTest) -> None:
+    """Log one test ``run`` carried, merged over its ranks, as its own test."""
+    item, ihook = carried.item, carried.item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    for report in _merged(run, item, carried.reports, _ends(run, carried.reports)):
+        keep_reported(item, report)
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def merge_run(run: _Run) -> list[pytest.TestReport]:
+    """``run``'s per-rank reports merged into one per phase."""
+    return _merged(run, run.item, run.reports, _ends(run, run.reports) if _carried(run) else run.ends)

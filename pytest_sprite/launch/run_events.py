@@ -15,7 +15,7 @@ import pytest
 from ..errors import LeftoverProcessWarning
 from ..glue.collected import store_collected
 from ..glue.options import Settings
-from ..glue.results import progress_line, write_progress
+from ..glue.recorded_results import progress_line, write_progress
 from ..plumbing.protocol import (
     AgentError,
     AgentLost,
@@ -33,9 +33,9 @@ from ..plumbing.protocol import (
 from ..plumbing.ranges import fold_ranks
 from ..plumbing.stacks import STACK_WAIT
 from ..plumbing.timing import monotonic
+from .item_runs import _Run
 from .pool import AgentPool
 from .rank_end import RankEnd
-from .runs import _Run
 
 __all__ = ["RunEvents"]
 

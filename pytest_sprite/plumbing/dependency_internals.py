@@ -73,7 +73,7 @@ def replace_hypothesis_settings(test: Any, new: Any) -> bool:
 
 
 def hypothesis_explicit_seed(test: Any) -> object | None:
-    """The seed a test pinned with ``@hypothesis.seed(...)``, else None.
+    """The hypothesis seed a test pinned with ``@hypothesis.seed(...)``, else None.
 
     Read from ``_hypothesis_internal_use_seed`` (hypothesis 6.x), where ``@seed`` puts it; there is no
     public reader. Fallback: None, so the harness pins its own seed (every rank still draws alike).

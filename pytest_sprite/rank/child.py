@@ -27,7 +27,7 @@ from .. import subworld
 from .. import world as _world
 from ..glue.markers import item_ranks_spec
 from ..glue.pytest_internals import capture_tmpfiles, record_warnings, runtestprotocol
-from ..glue.results import DEVICE_ATTR, set_progress_sink
+from ..glue.recorded_results import DEVICE_ATTR, set_progress_sink
 from ..glue.tmp_path import share_tmp_path, shared_test_dir
 from ..plumbing.coverage import rank_started, save_rank_data
 from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output

@@ -4,7 +4,7 @@ Each rank of a ranks test is its own process with its own hypothesis engine. For
 the test not to deadlock, every rank must run the same examples in the same order, and every engine
 must take the same path (replay, generate, shrink). So, in each test child before the test runs:
 
-- the seed is the one the controller decided for the session (``--hypothesis-seed`` when given, else
+- the hypothesis seed is the one the controller decided for the session (``--hypothesis-seed`` when given, else
   drawn once), mixed with the test's id, so every rank's engine starts from the same random state
   under every launcher;
 - every rank reads the same example database, and only rank 0 writes it (the others get a read-only

@@ -1,6 +1,6 @@
 """The LightningModule both arm kits start from: a recipe's model, its rows and the fault planted into it.
 
-Every arm, FP32 or BF16, calls each :class:`~pytest_sprite.faults.Planter` hook at its point of the step;
+Every arm, FP32 or BF16, calls each :class:`~pytest_sprite.planted_faults.Planter` hook at its point of the step;
 the hooks that act on the module itself (which trainables gradient sync leaves out) live here, once.
 Loaded only with ``_arm`` and ``_bf16_arm`` (it imports Lightning at the top).
 """
@@ -15,7 +15,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
-from pytest_sprite.faults import Planter, PlantSite, plant
+from pytest_sprite.planted_faults import Planter, PlantSite, plant
 from pytest_sprite.plumbing.dependency_internals import ddp_ignore_parameters
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,

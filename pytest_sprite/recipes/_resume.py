@@ -29,8 +29,7 @@ from torch.utils.data import DataLoader
 
 from pytest_sprite import subworld
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import PlantSite, plant
-from pytest_sprite.recipes._shard import default_shard
+from pytest_sprite.planted_faults import PlantSite, plant
 from pytest_sprite.recipes.fit_kit import (
     IndexedRows,
     collate_indexed,
@@ -44,6 +43,7 @@ from pytest_sprite.recipes.mesh import data_parallel_mesh
 from pytest_sprite.recipes.resolve import build_model
 from pytest_sprite.recipes.resume_spec import FROZEN_CHANGED, ResumeRecipe, RoleSpec
 from pytest_sprite.recipes.resume_state import capture_state, rng_digest
+from pytest_sprite.recipes.sharding_units import default_shard
 from pytest_sprite.records import StateCapture, StepRecord
 from pytest_sprite.world import World
 

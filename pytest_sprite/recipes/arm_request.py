@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import PlantSite, get_fault
+from pytest_sprite.planted_faults import PlantSite, get_fault
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_STEPS
 from pytest_sprite.records import (
     ARMS,

@@ -1,7 +1,7 @@
 """The fit kit: what every Lightning fit of a recipe shares, written once.
 
 The FP32 parity arms (``_arm``), criterion v2's BF16 arms (``_bf16_arm``), the checkpoint-resume roles
-(``resume_fit``) and the crash-matrix target (``pytest_sprite.chaos.lora``) all train a recipe's model with a
+(``resume_fit``) and the crash-matrix target (``pytest_sprite.save_crashes.lora``) all train a recipe's model with a
 real Lightning fit. What they share lives here: the numerics set-up (TF32 off, highest-precision FP32
 matmuls) and Lightning's silenced banners, the Trainer with the arguments every fit passes (the one place a
 ``pl.Trainer`` is built), the strided row sharding that replaces Lightning's shuffling sampler, the

@@ -37,7 +37,7 @@ __all__ = ["LoraModel", "LoraQwen", "LoraRows", "lora_loss"]
 
 @dataclass(frozen=True, kw_only=True)
 class LoraModel:
-    """lora_qwen's model factory: the seeded classifier, built once per process and copied on every call."""
+    """lora_qwen's model factory: the classifier from its fixed seed, built once per process and copied on every call."""
 
     seed: int = 0
     qwen_path: str | None = None

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue.results import progress
+from pytest_sprite.glue.recorded_results import progress
 from pytest_sprite.plumbing.timing import perf_counter
-from pytest_sprite.recipes._shard import default_shard
 from pytest_sprite.recipes.arm_request import FAULT_NEEDS, ArmRequest
+from pytest_sprite.recipes.clean_references import obtain, store_key
 from pytest_sprite.recipes.constants import DEFAULT_CLIP, DEFAULT_STEPS
 from pytest_sprite.recipes.resolve import (
     RecipeData,
@@ -34,8 +34,8 @@ from pytest_sprite.recipes.resolve import (
     linear_sites,
     model_identity,
 )
+from pytest_sprite.recipes.sharding_units import default_shard
 from pytest_sprite.recipes.spec import RecipeSpec
-from pytest_sprite.recipes.store import obtain, store_key
 from pytest_sprite.records import (
     BF16_PRECISION,
     DISTRIBUTED_ARMS,
@@ -158,7 +158,7 @@ class Recipe(RecipeSpec):
         """
         import pickle
 
-        from pytest_sprite.recipes.resume import resume_roles
+        from pytest_sprite.recipes.resume_roles import resume_roles
 
         world = self._bound_world()
         try:
@@ -207,7 +207,7 @@ class Recipe(RecipeSpec):
 
 def _test_artifacts() -> ArtifactDir | None:
     """The running test's ``--sprite-artifacts`` directory (where a resume check stores its run), if any."""
-    from pytest_sprite.glue.results import running_item
+    from pytest_sprite.glue.recorded_results import running_item
     from pytest_sprite.recipes.artifacts import test_artifacts
 
     item = running_item()

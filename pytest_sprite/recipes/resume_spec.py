@@ -1,7 +1,7 @@
 """What a checkpoint-resume role is: the recipe its roles share, and one role's spec.
 
 Picklable and free of torch: a spec travels to the role's fresh processes (``pytest_sprite.recipes._resume``
-runs it there) and is built by the host side (``pytest_sprite.recipes.resume``).
+runs it there) and is built by the host side (``pytest_sprite.recipes.resume_roles``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import FAULTS
+from pytest_sprite.planted_faults import FAULTS
 
 if TYPE_CHECKING:
     from pytest_sprite.recipes.spec import RecipeSpec

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pytest_sprite.errors import SpriteUsageError as SpriteUsageError  # what an inconsistent record raises
 from pytest_sprite.records._codec import finite_or_repr
-from pytest_sprite.records.bf16 import (
+from pytest_sprite.records.bf16_records import (
     BF16_ARMS,
     BF16_SINGLE_DEVICE_ARMS,
     Bf16ArmRecord,
@@ -27,8 +27,8 @@ from pytest_sprite.records.identity import (
     RecipeIdentity,
     tensor_digest,
 )
-from pytest_sprite.records.parity import ARMS, DISTRIBUTED_ARMS, ArmRecord
-from pytest_sprite.records.resume import ResumeRun, RoleRecord, StateCapture, StepRecord
+from pytest_sprite.records.parity_records import ARMS, DISTRIBUTED_ARMS, ArmRecord
+from pytest_sprite.records.resume_records import ResumeRun, RoleRecord, StateCapture, StepRecord
 
 __all__ = [
     "ARMS",

@@ -19,7 +19,7 @@ from pytest_sprite.assertions.fault_verdict import fault_verdicts
 from pytest_sprite.assertions.numeric import json_safe
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.distribution import DISTRIBUTION, installed_version
-from pytest_sprite.report.store import TestEntry
+from pytest_sprite.report.logged_results import TestEntry
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "build_document", "check_target", "load_schema", "write_document"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_sprite.report.store import TestEntry
+from pytest_sprite.report.logged_results import TestEntry
 
 __all__ = ["junit_properties"]
 

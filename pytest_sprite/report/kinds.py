@@ -16,10 +16,10 @@ from typing import Any, Final
 
 import pytest
 
-from pytest_sprite.assertions._tables import Kind, Row, figure_cell
 from pytest_sprite.assertions.criterion.table import CRITERION_HEADERS, CRITERION_KIND, criterion_rows
 from pytest_sprite.assertions.parity import PARITY_HEADERS, PARITY_KIND, parity_rows, parity_verdict
 from pytest_sprite.assertions.resume.results import RESUME_GAPS, RESUME_HEADERS, RESUME_KIND, resume_rows
+from pytest_sprite.assertions.tables import Kind, Row, figure_cell
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.artifacts import test_dir_name
-from pytest_sprite.report.store import TestEntry
+from pytest_sprite.report.logged_results import TestEntry
 
 __all__ = [
     "PLOTTERS",

@@ -16,7 +16,7 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.mutation_book import mutation_key
 from pytest_sprite.glue.options import Settings
 from pytest_sprite.glue.output_paths import not_written
-from pytest_sprite.report.store import ResultStore
+from pytest_sprite.report.logged_results import ResultStore
 
 __all__ = ["SpriteReporter"]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite.assertions._tables import render_table
+from pytest_sprite.assertions.tables import render_table
 from pytest_sprite.report.kinds import Kind, get_kind, verdict_counts
-from pytest_sprite.report.store import TestEntry
+from pytest_sprite.report.logged_results import TestEntry
 
 __all__ = ["KindTable", "build_tables", "render_kind_table", "render_text", "shown_nodeid", "write_summary"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from .host import DEFAULT_TIMEOUT, run_subworld
 from .host import _subworld_place as _subworld_place
 from .plan import KillAt, KillPlan, KillPoint
-from .rank import emit, in_subworld, kill_point
+from .rank_body import emit, in_subworld, kill_point
 from .result import RankOutcome, SubworldError, SubworldResult
 from .zygote import Pristine, Zygote, set_pristine, zygote_pid
 

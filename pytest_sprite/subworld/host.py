@@ -33,7 +33,7 @@ from pytest_sprite.plumbing.timing import monotonic, sleep
 from .join import Seat, store_listener, tcp_store
 from .messages import Emitted, Killed, Raised, RankMessage, Ready, Returned
 from .plan import KillPlan, KillPoint
-from .rank import RankSpec, in_subworld
+from .rank_body import RankSpec, in_subworld
 from .result import RankOutcome, SubworldResult
 from .zygote import DirectForker, Forker, current_zygote
 
@@ -251,7 +251,7 @@ def run_plain_world(
     """A plain test's sub-world of ``size`` ranks on this host, started by ``forker`` (arguments checked).
 
     ``run_subworld`` forks the ranks from this process; ``bench/resume.py`` passes a forker that starts new
-    interpreters, to time them against forks. A crash matrix's runs (``chaos/runs.py``) pass ``join=False``
+    interpreters, to time them against forks. A crash matrix's runs (``save_crashes/target_run.py``) pass ``join=False``
     (the function sets up its ranks itself) and ``peer_grace``: the seconds the other ranks run on after one
     died, as the peers of a killed process would, before they are ended.
     """

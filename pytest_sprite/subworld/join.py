@@ -1,6 +1,6 @@
 """Join a world: the one way a fresh rank process gets its variables, device, store and default process group.
 
-A test child (``rank/child.py``) and a sub-world rank (``subworld/rank.py``) both start as a fresh fork with
+A test child (``rank/child.py``) and a sub-world rank (``subworld/rank_body.py``) both start as a fresh fork with
 no device and no process group; each becomes one rank of its world the same way. They differ only
 in who hosts the rendezvous store (the test's rank 0, or the process that started the sub-world) and in where
 the world's collected tensors go. A rank of a test that makes its own groups (``ranks(n, init=False)``, and

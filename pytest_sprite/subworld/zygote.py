@@ -29,7 +29,7 @@ from pytest_sprite.plumbing.protocol import (
     zygote_news,
 )
 
-from .rank import rank_main
+from .rank_body import rank_main
 
 __all__ = [
     "DirectForker",

@@ -34,7 +34,7 @@ __all__ = ["register"]
 def register(config: pytest.Config, *, agent: bool) -> None:
     """Register the collection plugin and the test children's (locally forked agents inherit both)."""
     from .collect import TorchTestsCollector
-    from .rank import TorchTestsRank
+    from .spawned_rank import TorchTestsRank
 
     config.pluginmanager.register(TorchTestsCollector(controller=not agent), "sprite-torch-tests")
     config.pluginmanager.register(TorchTestsRank(), "sprite-torch-tests-rank")

@@ -34,8 +34,8 @@ from ..plumbing.ranges import fold_ranks
 from ..plumbing.timing import monotonic
 from .cases import case_id, torch_test_key
 from .classworld import group_key, poison_reason
+from .exit_codes import exit_code, skip_messages
 from .state import child_spec
-from .verdict import exit_code, skip_messages
 
 __all__ = ["run_continuous", "run_followers"]
 

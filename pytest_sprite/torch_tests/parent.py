@@ -28,8 +28,8 @@ from ..glue.around import CarriedTest
 from ..plumbing.process import die_with_parent, redirect_output
 from ..plumbing.timing import monotonic
 from .cases import TorchTest
+from .exit_codes import apply_verdict
 from .state import ParentState, write_state
-from .verdict import apply_verdict
 
 __all__ = ["ParentSide"]
 

@@ -27,7 +27,7 @@ from pytest_sprite.assertions.criterion_v2 import (  # noqa: E402
     assert_criterion_v2,
     tensor_gap,
 )
-from pytest_sprite.assertions.faults import expect_fault_rejected  # noqa: E402
+from pytest_sprite.assertions.expect_fault import expect_fault_rejected  # noqa: E402
 from pytest_sprite.errors import SpriteUsageError  # noqa: E402
 from pytest_sprite.records import (  # noqa: E402
     BF16_ARMS,
@@ -660,7 +660,7 @@ def test_scale_grad_rejected_by_pre_norm_and_gradients_with_the_table() -> None:
 
 
 def test_a_void_run_does_not_count_as_a_fault_rejection() -> None:
-    from pytest_sprite.assertions.faults import FaultNotRejected
+    from pytest_sprite.assertions.expect_fault import FaultNotRejected
 
     arms = make_arms(2)
     _break_gate(arms)

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite.assertions._evidence import FailedCheck
-from pytest_sprite.assertions.faults import FaultNotRejected, expect_fault_rejected
+from pytest_sprite.assertions.evidence import FailedCheck
+from pytest_sprite.assertions.expect_fault import FaultNotRejected, expect_fault_rejected
 from pytest_sprite.assertions.parity import ArmParity, ParityError, ParityResult
 from pytest_sprite.report.json_report import build_document
-from pytest_sprite.report.judge import Judged
 from pytest_sprite.report.kinds import get_kind
-from pytest_sprite.report.store import TestEntry
+from pytest_sprite.report.logged_results import TestEntry
+from pytest_sprite.report.rejudge import Judged
 from pytest_sprite.report.terminal import build_tables, render_text
 
 pytestmark = pytest.mark.cpu

@@ -16,7 +16,7 @@ from pytest_sprite import (
     expect_fault_rejected,
 )
 from pytest_sprite.assertions.resume import RESUME_CHECKS
-from pytest_sprite.faults import CLEAN, Planter, PlantSite, get_fault, plant
+from pytest_sprite.planted_faults import CLEAN, Planter, PlantSite, get_fault, plant
 
 pytestmark = pytest.mark.cpu
 
@@ -191,8 +191,8 @@ def test_importing_the_assertions_and_recipes_loads_no_torch() -> None:
 
     code = (
         "import sys\n"
-        "import pytest_sprite.assertions.faults, pytest_sprite.assertions.parity, pytest_sprite.faults\n"
-        "import pytest_sprite.recipes.lora_qwen, pytest_sprite.recipes.fixtures, pytest_sprite.recipes.artifacts\n"
+        "import pytest_sprite.assertions.expect_fault, pytest_sprite.assertions.parity, pytest_sprite.planted_faults\n"
+        "import pytest_sprite.recipes.lora_qwen, pytest_sprite.recipes.recipe_fixtures, pytest_sprite.recipes.artifacts\n"
         "heavy = sorted(m for m in ('torch', 'lightning', 'transformers', 'peft') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )

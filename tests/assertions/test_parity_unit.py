@@ -20,7 +20,7 @@ from pytest_sprite import (  # noqa: E402
     assert_parity,
     tensor_digest,
 )
-from pytest_sprite.assertions._tables import format_figure, format_limit, render_table  # noqa: E402
+from pytest_sprite.assertions.tables import format_figure, format_limit, render_table  # noqa: E402
 
 pytestmark = pytest.mark.cpu
 

@@ -19,7 +19,7 @@ import transformers  # noqa: F401
 from pytest_sprite.assertions.resume import _restore_problems
 from pytest_sprite.recipes._resume import ResumeRecipe, RoleSpec, run_role
 from pytest_sprite.recipes.lora_qwen import LoraQwen
-from pytest_sprite.recipes.resume import records_from_events
+from pytest_sprite.recipes.resume_roles import records_from_events
 from pytest_sprite.records import RoleRecord
 from pytest_sprite.subworld import KillAt, run_subworld
 

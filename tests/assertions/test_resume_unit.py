@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pytest_sprite import AssertionFailure, run_subworld
-from pytest_sprite.assertions.faults import FaultNotRejected, expect_fault_rejected
+from pytest_sprite.assertions.expect_fault import FaultNotRejected, expect_fault_rejected
 from pytest_sprite.assertions.resume import RESUME_CHECKS, ResumeError, ResumeResult, judge_resume
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.recipes.fit_kit import gather_shards  # here, so the forked ranks have it (and Lightning)
@@ -412,7 +412,7 @@ def _trainer_like() -> Any:
 
 
 def test_the_registry_planters_break_what_they_say() -> None:
-    from pytest_sprite.faults import PlantSite, plant
+    from pytest_sprite.planted_faults import PlantSite, plant
 
     site = PlantSite(arm="resume", rank=0, world_size=1, accumulate=1)
     trainer = _trainer_like()
@@ -522,14 +522,14 @@ class _Roles:
         self.run = run
         self.artifacts = artifacts
         self.calls = 0
-        monkeypatch.setattr("pytest_sprite.recipes.resume.run_resume_roles", self._roles)
+        monkeypatch.setattr("pytest_sprite.recipes.resume_roles.run_resume_roles", self._roles)
 
     def _roles(self, *_: Any, directory: str, **__: Any) -> ResumeRun:
         self.calls += 1
         return dataclasses.replace(self.run, directory=directory)
 
     def resume_roles(self, **kw: Any) -> ResumeRun:
-        from pytest_sprite.recipes.resume import resume_roles
+        from pytest_sprite.recipes.resume_roles import resume_roles
 
         return resume_roles(self, **kw, world=None, artifacts=self.artifacts)
 
@@ -541,7 +541,7 @@ def test_the_assertion_stores_the_run_beside_its_checkpoints_and_judge_agrees(
     import shutil
 
     from pytest_sprite.assertions.resume import assert_resume_bitexact
-    from pytest_sprite.report.judge import judge_directory
+    from pytest_sprite.report.rejudge import judge_directory
 
     checkpoints = tmp_path / "ck"
     result = assert_resume_bitexact(

@@ -152,7 +152,7 @@ from pathlib import Path
 
 import pytest
 from pytest_sprite import assert_crash_consistent, crash_fn
-from pytest_sprite.chaos.protocols import train_rank0_rename
+from pytest_sprite.save_crashes.protocols import train_rank0_rename
 
 def on_host2(names, event):
     # a rank of host2 writing its part of a save (which rank makes the .tmp folder is a race: left out)

@@ -1,6 +1,6 @@
 """Every repository path the docs cite exists: files, folders, globs, ``file:line`` and ``file::test`` ids.
 
-A page that sends a reader to ``tests/chaos/test_chaos_matrix.py`` or ``pytest_sprite/launch/merge.py:137`` is
+A page that sends a reader to ``tests/save_crashes/test_chaos_matrix.py`` or ``pytest_sprite/launch/merge.py:137`` is
 wrong the day that file moves or shrinks; this test reads every page and checks each citation against the tree.
 Paths that name the reader's own files in an example (``tests/test_my_parity.py``) are listed in ``READERS``.
 """
@@ -60,9 +60,9 @@ def problem(path: str, test: str | None, line: int | None) -> str | None:
 
 
 def test_the_pattern_reads_paths_lines_and_test_ids() -> None:
-    text = "see `tests/chaos/test_x.py::test_y[a-b]`, pytest_sprite/launch/merge.py:137 and hpc/*/README.md."
+    text = "see `tests/save_crashes/test_x.py::test_y[a-b]`, pytest_sprite/launch/merge.py:137 and hpc/*/README.md."
     assert [c[1:] for c in citations(text)] == [
-        ("tests/chaos/test_x.py", "test_y", None),
+        ("tests/save_crashes/test_x.py", "test_y", None),
         ("pytest_sprite/launch/merge.py", None, 137),
         ("hpc/*/README.md", None, None),
     ]

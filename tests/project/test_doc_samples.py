@@ -96,7 +96,7 @@ SLOW = {
     """,
     "crash-matrix": """
         from pytest_sprite import assert_crash_consistent, crash_fn
-        from pytest_sprite.chaos.protocols import train_in_place, train_tmp_rename
+        from pytest_sprite.save_crashes.protocols import train_in_place, train_tmp_rename
 
 
         def test_in_place(tmp_path):

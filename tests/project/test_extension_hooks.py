@@ -57,7 +57,7 @@ def test_a_conftest_adds_a_fault_that_the_arms_plant_and_expect_fault_rejected_j
 ) -> None:
     pytester.makeconftest(
         """
-        from pytest_sprite.faults import Fault, Planter
+        from pytest_sprite.planted_faults import Fault, Planter
 
         class SkipAllReduce(Planter):
             def skip_step(self, step, steps, site):
@@ -72,9 +72,9 @@ def test_a_conftest_adds_a_fault_that_the_arms_plant_and_expect_fault_rejected_j
         """
         import pytest
         from pytest_sprite import expect_fault_rejected
-        from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
+        from pytest_sprite.assertions.evidence import AssertionFailure, FailedCheck
         from pytest_sprite.errors import SpriteUsageError
-        from pytest_sprite.faults import PlantSite, get_fault, plant, registered_faults
+        from pytest_sprite.planted_faults import PlantSite, get_fault, plant, registered_faults
 
         def test_registered_beside_the_builtins():
             names = list(registered_faults())

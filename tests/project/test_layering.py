@@ -78,7 +78,10 @@ RULES: dict[str, tuple[str, ...]] = {
     "env": ("errors",),
     # Records and the fault registry are plain data.
     "records": ("errors",),
-    "faults": ("errors",),
+    "planted_faults": ("errors",),
+    # Old names kept for one release: each only asks the plumbing to alias it.
+    "faults": ("plumbing",),
+    "chaos": ("plumbing",),
     # The in-rank world knows nothing of the harness around it.
     "world": (),
     # The pytest glue: options, markers, tmp_path, results kept with items, pytest's internals.
@@ -88,15 +91,25 @@ RULES: dict[str, tuple[str, ...]] = {
     # Sub-worlds fork fresh ranks and hand them a world.
     "subworld": ("env", "errors", "plumbing", "world"),
     # The assertions judge records and the fault registry; never the recipes or the harness.
-    "assertions": ("errors", "faults", "glue", "plumbing", "records"),
+    "assertions": ("errors", "planted_faults", "glue", "plumbing", "records"),
     # The recipes train arms with the code under test; never the assertions.
-    "recipes": ("env", "errors", "faults", "glue", "lightning", "plumbing", "records", "subworld", "world"),
+    "recipes": (
+        "env",
+        "errors",
+        "planted_faults",
+        "glue",
+        "lightning",
+        "plumbing",
+        "records",
+        "subworld",
+        "world",
+    ),
     # A test child and its agent: one side of the protocol.
     "rank": ("env", "errors", "glue", "plumbing", "subworld", "world"),
     # The controller side: launchers, the pool, the scheduler, merging reports.
     "launch": ("env", "errors", "glue", "plumbing", "rank"),
     # Crash consistency: targets that train with the recipes, judged by the assertions.
-    "chaos": ("assertions", "env", "errors", "lightning", "plumbing", "recipes", "subworld", "world"),
+    "save_crashes": ("assertions", "env", "errors", "lightning", "plumbing", "recipes", "subworld", "world"),
     # Reports render the assertions' results and re-judge stored records.
     "report": ("assertions", "errors", "glue", "plumbing", "recipes", "records"),
     # torch's multiprocess test classes as ranks tests.
@@ -104,10 +117,22 @@ RULES: dict[str, tuple[str, ...]] = {
     # Hosts on one machine: namespaces and a launcher, nothing of the harness but where the package lives.
     "hosts": ("errors", "plumbing"),
 }
-"""One rule per package: what it may import from the rest of pytest_sprite (issue 21)."""
+"""One rule per package: what it may import from the rest of pytest_sprite."""
 
-FACES = ("__init__", "__main__", "plugin", "hookspecs", "fixtures", "errors", "world", "faults")
-"""The modules at the root: the faces a user meets. Everything else lives in a package named for its role."""
+FACES = (
+    "__init__",
+    "__main__",
+    "plugin",
+    "hookspecs",
+    "fixtures",
+    "errors",
+    "world",
+    "planted_faults",
+    "faults",
+    "chaos",
+)
+"""The modules at the root: the faces a user meets (two of them old names of renamed ones). Everything else lives
+in a package named for its role."""
 
 
 def test_the_root_holds_only_the_faces_a_user_meets() -> None:
@@ -133,6 +158,25 @@ def test_area_imports_only_what_lies_below_it(area: str, allowed: tuple[str, ...
     assert {m: t for m, t in bad.items() if t} == {}
 
 
+def _private_module(module: str) -> bool:
+    return module.rpartition(".")[2].startswith("_") and not module.endswith("__init__")
+
+
+def test_a_leading_underscore_module_is_imported_only_inside_its_package() -> None:
+    """The rule CONTRIBUTING.md states: ``_x.py`` is private to the package that holds it."""
+    outside = {
+        m: sorted(t for t in imports(m) if _private_module(t) and not _in(m, t.rpartition(".")[0]))
+        for m in MODULES
+    }
+    assert {m: t for m, t in outside.items() if t} == {}
+
+
+def test_the_underscore_rule_sees_a_reach_into_another_package() -> None:
+    assert _private_module("pytest_sprite.recipes._arm")
+    assert not _private_module("pytest_sprite.recipes.fit_kit")
+    assert not _in("pytest_sprite.report.terminal", "pytest_sprite.assertions")
+
+
 def test_assertions_and_recipes_never_import_each_other() -> None:
     for side, other in (("assertions", "recipes"), ("recipes", "assertions")):
         for m in MODULES:
@@ -142,7 +186,7 @@ def test_assertions_and_recipes_never_import_each_other() -> None:
 
 def test_no_import_loop_through_the_recipes_assertions_or_lightning() -> None:
     graph = {m: imports(m) & set(MODULES) for m in MODULES}
-    mine = ("recipes", "assertions", "lightning", "records", "faults", "_device")
+    mine = ("recipes", "assertions", "lightning", "records", "planted_faults", "_device")
     loops = []
     for start in (m for m in MODULES if _in(m, *map(_p, mine))):
         stack: list[tuple[str, tuple[str, ...]]] = [(start, (start,))]

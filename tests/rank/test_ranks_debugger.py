@@ -16,7 +16,7 @@ from sprite_testing import local_settings, run_pytest, run_pytest_in_terminal
 
 from pytest_sprite.launch.controller import Controller
 from pytest_sprite.launch.debug_relay import Lent, debugger_refusal
-from pytest_sprite.launch.runs import _Run
+from pytest_sprite.launch.item_runs import _Run
 from pytest_sprite.plumbing.timing import monotonic
 
 pytestmark = pytest.mark.cpu

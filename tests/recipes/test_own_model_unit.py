@@ -201,7 +201,7 @@ def test_the_resume_check_refuses_a_recipe_that_does_not_pickle() -> None:
 @pytest.mark.slow  # several Lightning fits per crash point; the chaos tests cover the path in CI
 def test_own_model_is_crash_consistent(tmp_path: Any) -> None:
     """The crash matrix on the recipe's own model: killed at file events of its saves, resumed, judged."""
-    from pytest_sprite.chaos import assert_crash_consistent  # the keyword form
+    from pytest_sprite.save_crashes import assert_crash_consistent  # the keyword form
 
     matrix = assert_crash_consistent(MLP, strategy="single", out_dir=tmp_path / "chaos", max_points=3)
     assert matrix.target == "mlp single"

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
-from pytest_sprite.faults import FAULTS, Fault, Planter, PlantSite, plant
+from pytest_sprite.planted_faults import FAULTS, Fault, Planter, PlantSite, plant
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
 from pytest_sprite.recipes.artifacts import ArtifactDir
 from pytest_sprite.recipes.constants import TINY_QWEN2

@@ -18,7 +18,7 @@ pytest.importorskip("lightning")
 import lightning.pytorch  # noqa: F401
 import torch  # noqa: F401
 
-from pytest_sprite.recipes.store import SessionStore, record_digest, run_counts, tally
+from pytest_sprite.recipes.clean_references import SessionStore, record_digest, run_counts, tally
 
 pytestmark = pytest.mark.cpu
 
@@ -226,8 +226,8 @@ class _Summarised:
 def test_an_arm_directory_names_where_its_record_came_from(tmp_path: Path) -> None:
     """``record.json`` says computed or reused from which test, and ``judge`` lists it beside the tables."""
     from pytest_sprite.recipes.artifacts import ArtifactDir
-    from pytest_sprite.recipes.store import Origin
-    from pytest_sprite.report.judge import _origins
+    from pytest_sprite.recipes.clean_references import Origin
+    from pytest_sprite.report.rejudge import _origins
 
     art = ArtifactDir.for_test(tmp_path, "t.py::test_fault")
     reused = art.write(

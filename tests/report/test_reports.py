@@ -40,7 +40,7 @@ TIMEOUT = 240
 # whole pipeline without training (the ranks tests below run a real assert_parity).
 RESULTS = """
 from pytest_sprite import record_assertion
-from pytest_sprite.assertions._evidence import FailedCheck
+from pytest_sprite.assertions.evidence import FailedCheck
 from pytest_sprite.assertions.parity import ArmParity, ParityResult
 
 def arm(label, pre, fault=None, failed=False):
@@ -265,7 +265,7 @@ def test_plots_are_pngs(pytester: pytest.Pytester) -> None:
 PARITY_WITH_ARTIFACTS = """
 import pytest
 import lightning.pytorch, peft, transformers  # noqa: F401  (loaded once in the agents)
-from pytest_sprite.assertions.faults import expect_fault_rejected
+from pytest_sprite.assertions.expect_fault import expect_fault_rejected
 from pytest_sprite.assertions.parity import assert_parity
 
 @pytest.mark.ranks(2)
@@ -312,7 +312,7 @@ def test_judge_gives_the_same_verdict_on_a_copied_directory(
     lines = again.stdout.splitlines()
     ddp = next(line for line in lines if "parity-01.assertion.json  ddp " in line)
     stored_ddp = stored[0]["arms"][0]
-    from pytest_sprite.assertions._tables import format_figure
+    from pytest_sprite.assertions.tables import format_figure
 
     assert (
         ddp.split()[-5:]
@@ -393,7 +393,7 @@ def test_judge_judges_a_stored_resume_run_again(pytester: pytest.Pytester, tmp_p
         for line in again.stdout.splitlines()
     ), again.stdout
     assert again.stdout.splitlines()[-1] == "judged 1 stored assertions: 0 failed, 0 verdicts changed"
-    from pytest_sprite.report.judge import judge_directory
+    from pytest_sprite.report.rejudge import judge_directory
 
     assert judge_directory(copy)[0].result == stored
 

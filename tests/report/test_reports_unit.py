@@ -14,8 +14,8 @@ from _pytest.reports import TestReport
 from pytest_sprite.assertions.crash_consistency import MATRIX_FILE, CrashMatrix, CrashRow, judge_matrix
 from pytest_sprite.assertions.parity import ArmParity, ParityResult
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue import results as _results
-from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.glue import recorded_results as _results
+from pytest_sprite.glue.recorded_results import record_assertion
 from pytest_sprite.launch.merge import merge_rank_reports
 from pytest_sprite.launch.rank_end import RankEnd
 from pytest_sprite.report.json_report import check_target, write_document
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.cpu
 
 
 def arm(label: str, *, pre: float, fault: str | None = None, failed: bool = False) -> ArmParity:
-    from pytest_sprite.assertions._evidence import FailedCheck
+    from pytest_sprite.assertions.evidence import FailedCheck
 
     checks = (FailedCheck(arm=label, check="pre_norm", fault=fault, detail="d"),) if failed else ()
     return ArmParity(
@@ -270,7 +270,7 @@ def resume_payload(
     *, fault: str | None = None, caught: bool = True, broken: bool = False
 ) -> dict[str, object]:
     """A real ResumeResult's to_dict(): ddp resume (with the fault), reload and export, the gaps of each."""
-    from pytest_sprite.assertions._evidence import FailedCheck
+    from pytest_sprite.assertions.evidence import FailedCheck
     from pytest_sprite.assertions.resume import ResumeArm, ResumeGaps, ResumeResult
 
     def arm(
@@ -470,7 +470,7 @@ def test_a_stored_crash_matrix_is_judged_again_from_its_manifest_and_a_copy(
 ) -> None:
     import shutil
 
-    from pytest_sprite.report.judge import judge_directory
+    from pytest_sprite.report.rejudge import judge_directory
 
     out = tmp_path / "art" / "t" / "chaos"
     out.mkdir(parents=True)
@@ -504,7 +504,7 @@ def test_a_stored_crash_matrix_is_judged_again_from_its_manifest_and_a_copy(
 
 
 def test_a_crash_matrix_stored_outside_a_test_is_judged_without_a_manifest(tmp_path: Path) -> None:
-    from pytest_sprite.report.judge import judge_directory
+    from pytest_sprite.report.rejudge import judge_directory
 
     (tmp_path / "chaos").mkdir()
     crash_matrix(broken=False).write(tmp_path / "chaos")

@@ -18,7 +18,7 @@ import pytest
 from sprite_testing import fnescape
 
 from pytest_sprite.glue.pytest_internals import function_scoped_arguments
-from pytest_sprite.torch_tests.verdict import torch_verdict
+from pytest_sprite.torch_tests.exit_codes import torch_verdict
 
 pytestmark = pytest.mark.cpu
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pytest_sprite.assertions._tables import format_figure, format_limit
 from pytest_sprite.assertions.criterion.results import (
     CLIP_RTOL,
     INVARIANTS,
@@ -13,6 +12,7 @@ from pytest_sprite.assertions.criterion.results import (
     InvariantResult,
 )
 from pytest_sprite.assertions.numeric import bit_equal, rel
+from pytest_sprite.assertions.tables import format_figure, format_limit
 from pytest_sprite.plumbing.ranges import fold_ranks
 from pytest_sprite.records import (
     BF16_SINGLE_DEVICE_ARMS,

@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck, attributes
-from pytest_sprite.assertions._tables import figure_cell, format_figure, format_limit, render_table
+from pytest_sprite.assertions.evidence import AssertionFailure, FailedCheck, attributes
 from pytest_sprite.assertions.numeric import finite_or_repr
+from pytest_sprite.assertions.tables import figure_cell, format_figure, format_limit, render_table
 from pytest_sprite.errors import SpriteUsageError
 
 __all__ = [

@@ -7,8 +7,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pytest_sprite.assertions._evidence import FailedCheck
-from pytest_sprite.assertions._tables import format_figure, format_limit
 from pytest_sprite.assertions.criterion.results import (
     ABS_FLOOR,
     CRITERION_SCORED,
@@ -19,7 +17,9 @@ from pytest_sprite.assertions.criterion.results import (
     ScoredComparison,
     TensorGap,
 )
+from pytest_sprite.assertions.evidence import FailedCheck
 from pytest_sprite.assertions.numeric import rel, rel_l2_tensors
+from pytest_sprite.assertions.tables import format_figure, format_limit
 from pytest_sprite.records import Bf16ArmRecord
 
 if TYPE_CHECKING:

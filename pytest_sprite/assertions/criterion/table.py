@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_sprite.assertions._tables import Kind, Row, figure_cell
 from pytest_sprite.assertions.fault_verdict import item_verdict
+from pytest_sprite.assertions.tables import Kind, Row, figure_cell
 
 __all__ = ["CRITERION_HEADERS", "CRITERION_KIND", "criterion_rows"]
 

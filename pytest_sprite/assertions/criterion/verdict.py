@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_sprite.assertions._evidence import FailedCheck
 from pytest_sprite.assertions.criterion.invariants import check_invariants
 from pytest_sprite.assertions.criterion.results import (
     CriterionError,
@@ -15,7 +14,8 @@ from pytest_sprite.assertions.criterion.results import (
     Verdict,
 )
 from pytest_sprite.assertions.criterion.scoring import diagnostics, score
-from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.assertions.evidence import FailedCheck
+from pytest_sprite.glue.recorded_results import record_assertion
 from pytest_sprite.records import (
     BF16_ARMS,
     BF16_PRECISION,

@@ -24,7 +24,7 @@ One module per concern: ``results`` (checks, figures, tables), ``checks`` (the c
 from __future__ import annotations
 
 from pytest_sprite.assertions.resume.checks import restore_problems as _restore_problems
-from pytest_sprite.assertions.resume.judge import assert_resume_bitexact, judge_resume
+from pytest_sprite.assertions.resume.judging import assert_resume_bitexact, judge_resume
 from pytest_sprite.assertions.resume.results import (
     RESTORE_CHECKS,
     RESUME_CHECKS,

@@ -10,16 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sprite.assertions._evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
-from pytest_sprite.assertions._tables import (
+from pytest_sprite.assertions.evidence import ArmsResult, AssertionFailure, FailedCheck, attributes
+from pytest_sprite.assertions.fault_verdict import item_verdict
+from pytest_sprite.assertions.numeric import finite_or_repr
+from pytest_sprite.assertions.tables import (
     Row,
     figure_cell,
     format_figure,
     pass_or_fail_kind,
     render_table,
 )
-from pytest_sprite.assertions.fault_verdict import item_verdict
-from pytest_sprite.assertions.numeric import finite_or_repr
 
 __all__ = [
     "RESTORE_CHECKS",

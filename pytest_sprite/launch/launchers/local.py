@@ -27,7 +27,7 @@ from ...plumbing.process import (
     wait_for_exits,
 )
 from ...plumbing.timing import monotonic, sleep
-from ..runs import world_size_key
+from ..item_runs import world_size_key
 from .base import LaunchHandle, LaunchRequest
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.recipes.clean_references import count_runs
 from pytest_sprite.recipes.resume_spec import RESUME_FAULTS, STRATEGIES, ResumeRecipe, RoleSpec
-from pytest_sprite.recipes.store import count_runs
 from pytest_sprite.records import ResumeRun, RoleRecord, StateCapture, StepRecord
 from pytest_sprite.subworld import KillAt, SubworldError, SubworldResult, run_subworld
 from pytest_sprite.world import World
@@ -66,7 +66,7 @@ def run_resume_roles(
     ``directory`` (one subdirectory per role), which every rank must see. ``export`` defaults to True for
     the strategies whose checkpoint is one file (ddp, fsdp_file). With the test's ``world`` the roles
     before the restore (fit, twin, killed: no fault reaches them) come from the session store when an
-    earlier test computed them (:mod:`pytest_sprite.recipes.store`); only the roles after it run here.
+    earlier test computed them (:mod:`pytest_sprite.recipes.clean_references`); only the roles after it run here.
     """
     export, n = _check_plan(strategy, ranks=ranks, reshard=reshard, export=export)
     roles = _Roles(
@@ -116,7 +116,7 @@ BEFORE_RESTORE: tuple[str, ...] = ("fit", "twin", "killed")
 
 def _before_restore(roles: _Roles, n: int, *, world: World | None) -> _BeforeRestore:
     """The fault-free roles, from the session store or run here; a fault is planted only after the restore."""
-    from pytest_sprite.recipes.store import keep_files, obtain, resume_key
+    from pytest_sprite.recipes.clean_references import keep_files, obtain, resume_key
 
     def key() -> str:
         assert world is not None

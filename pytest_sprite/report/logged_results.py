@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_sprite.glue.results import RANKS_ATTR, REPORT_ATTR
+from pytest_sprite.glue.recorded_results import RANKS_ATTR, REPORT_ATTR
 
 __all__ = ["ResultStore", "TestEntry"]
 

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.cpu
 def lora_target() -> Any:
     pytest.importorskip("lightning")
     pytest.importorskip("peft")
-    from pytest_sprite.chaos.crash_targets import MatrixTarget
-    from pytest_sprite.chaos.lora import LoraQwenTarget
+    from pytest_sprite.save_crashes.crash_targets import MatrixTarget
+    from pytest_sprite.save_crashes.lora import LoraQwenTarget
 
     return lambda **options: MatrixTarget(LoraQwenTarget(**options))
 
@@ -93,7 +93,7 @@ def test_hf_trainer_single_process_step_10_save(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_every_rank_renaming_one_shared_temp_folder_is_caught_with_flake(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from pytest_sprite.chaos.protocols import train_shared_tmp
+    from pytest_sprite.save_crashes.protocols import train_shared_tmp
 
     with pytest.raises(CrashConsistencyError) as info:
         assert_crash_consistent(

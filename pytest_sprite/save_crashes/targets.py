@@ -2,7 +2,7 @@
 
 A target trains into the directory it is given, resuming from whatever it finds there, and ends with its
 final weights. Calling it again on the same directory is its resume. Targets run one whole run at a time;
-each rank records its file events under its :class:`~pytest_sprite.chaos.inject.Plan`, and the matrix decides
+each rank records its file events under its :class:`~pytest_sprite.save_crashes.inject.Plan`, and the matrix decides
 which process dies where through the run's kill plan (``RunRequest.kill``): the ``kill=`` of the run's
 sub-world, or, in the command form's interpreter, the plan the injector asks itself.
 """
@@ -19,12 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.runs import RankOutcome, RunOutcome, RunRequest, crash_outcome, forked_envs
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.process import exit_text, prewarm_training
 from pytest_sprite.plumbing.timing import monotonic
+from pytest_sprite.save_crashes.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
+from pytest_sprite.save_crashes.target_run import (
+    RankOutcome,
+    RunOutcome,
+    RunRequest,
+    crash_outcome,
+    forked_envs,
+)
 
 __all__ = [
     "CommandTarget",
@@ -97,7 +103,7 @@ import atexit
 import sys
 
 sys.path.append({package_root!r})
-from pytest_sprite.chaos import inject
+from pytest_sprite.save_crashes import inject
 
 if inject.install_from_env():
     atexit.register(inject.finish)
@@ -302,8 +308,8 @@ def _subworld_rank(
     world: Any, fn: Callable[..., Any], args: tuple[Any, ...], plans: Sequence[Plan | None]
 ) -> Any:
     """One rank of a sub-world run: install this rank's plan, train, hand back portable weights."""
-    from pytest_sprite.chaos import inject
-    from pytest_sprite.chaos.runs import portable
+    from pytest_sprite.save_crashes import inject
+    from pytest_sprite.save_crashes.target_run import portable
 
     plan = plans[world.rank]
     if plan is not None:

@@ -94,7 +94,7 @@ def xpu_mesh(world: World) -> Iterator[DeviceMesh]:
 def _store_counts(config: pytest.Config) -> dict[str, int] | None:
     """The arm and role runs the session computed (the session store's count), None if it computed none."""
     from pytest_sprite.glue.pytest_internals import tmp_path_factory
-    from pytest_sprite.recipes.store import STORE_DIR, run_counts
+    from pytest_sprite.recipes.clean_references import STORE_DIR, run_counts
 
     try:
         root = Path(tmp_path_factory(config).getbasetemp()) / STORE_DIR
@@ -118,7 +118,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     """With ``-v``: one line saying how many arm and role runs the session computed."""
     if config.get_verbosity() < 1 or getattr(config.option, "sprite_agent", None):
         return
-    from pytest_sprite.recipes.store import tally
+    from pytest_sprite.recipes.clean_references import tally
 
     counts = _store_counts(config)
     if counts is not None:

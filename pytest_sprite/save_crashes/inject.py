@@ -10,7 +10,7 @@ Installed once per process (a forked run, or an interpreter started by the comma
   are wrapped (also when torch or safetensors is imported after the plan is installed).
 - Where a run dies is its kill plan's decision (a :class:`~pytest_sprite.subworld.KillAt` the matrix builds):
   every event is the kill point ``("file", i)``, reached inside the event before it takes effect, and every
-  file write (:data:`~pytest_sprite.chaos.events.TEARABLE_KINDS`) also the point ``("written", i)``, reached
+  file write (:data:`~pytest_sprite.save_crashes.events.TEARABLE_KINDS`) also the point ``("written", i)``, reached
   once the file is written: native writers right after they return, ``open()`` at the process's next file
   event or mark (or the end of the run), i.e. once Python has written it. A kill at a ``written`` point first
   cuts the file to half its size: a torn write.
@@ -36,10 +36,10 @@ from types import ModuleType
 from typing import Any
 
 from pytest_sprite.assertions.crash_consistency import SCRATCH
-from pytest_sprite.chaos.events import FileEvent
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.save_crashes.events import FileEvent
 from pytest_sprite.subworld.plan import KillAt, KillPoint
-from pytest_sprite.subworld.rank import in_subworld, kill_point
+from pytest_sprite.subworld.rank_body import in_subworld, kill_point
 
 __all__ = [
     "CRASH_EXIT_CODE",

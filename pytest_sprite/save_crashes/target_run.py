@@ -4,7 +4,7 @@ The runs are sub-worlds (``subworld.host.run_plain_world``), not a second proces
 rank is a fork of the calling process (so it costs a fork, not an ``import torch``), reports through the
 sub-world's frames and is watched, timed out and ended by its host. A matrix's rank joins no world of the
 harness's: it leads its own session, prints into the matrix's log file, takes the launcher variables it is
-given, installs its :class:`~pytest_sprite.chaos.inject.Plan` (the recorder), calls the function and hands
+given, installs its :class:`~pytest_sprite.save_crashes.inject.Plan` (the recorder), calls the function and hands
 back what it returned (or the exception it raised, as text). Where a run crashes is the sub-world's kill plan
 (``kill=``, built by the matrix): the injector reports every file event as a kill point, the plan decides, the
 sub-world kills the rank there and says where (``killed_at``). A killed rank leaves the others running on for
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_sprite.chaos.inject import Plan
 from pytest_sprite.env.rank_variables import become_rank
 from pytest_sprite.plumbing.collectives import TRANSPORT_ERROR
 from pytest_sprite.plumbing.process import exit_text, redirect_output
 from pytest_sprite.plumbing.timing import monotonic
+from pytest_sprite.save_crashes.inject import Plan
 from pytest_sprite.subworld.plan import KillAt
 
 __all__ = [
@@ -211,7 +211,7 @@ def _run_rank(
     logs: tuple[str, ...],
 ) -> tuple[str, Any, str | None, str | None]:
     """One rank of a run (a sub-world rank that joined no world): what it returned, or what it raised."""
-    from pytest_sprite.chaos import inject
+    from pytest_sprite.save_crashes import inject
     from pytest_sprite.subworld import emit
 
     rank = seat.rank

@@ -20,11 +20,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
+from pytest_sprite.save_crashes.inject import note_resumed_from, note_save_complete
 
 if TYPE_CHECKING:
-    from pytest_sprite.chaos.api import assert_crash_consistent
-    from pytest_sprite.chaos.crash_targets import crash_command, crash_fn, crash_hf_trainer, crash_recipe
+    from pytest_sprite.save_crashes.api import assert_crash_consistent
+    from pytest_sprite.save_crashes.crash_targets import (
+        crash_command,
+        crash_fn,
+        crash_hf_trainer,
+        crash_recipe,
+    )
 
 __all__ = [
     "assert_crash_consistent",
@@ -37,11 +42,11 @@ __all__ = [
 ]
 
 _LAZY = {
-    "assert_crash_consistent": "pytest_sprite.chaos.api",
-    "crash_command": "pytest_sprite.chaos.crash_targets",
-    "crash_fn": "pytest_sprite.chaos.crash_targets",
-    "crash_hf_trainer": "pytest_sprite.chaos.crash_targets",
-    "crash_recipe": "pytest_sprite.chaos.crash_targets",
+    "assert_crash_consistent": "pytest_sprite.save_crashes.api",
+    "crash_command": "pytest_sprite.save_crashes.crash_targets",
+    "crash_fn": "pytest_sprite.save_crashes.crash_targets",
+    "crash_hf_trainer": "pytest_sprite.save_crashes.crash_targets",
+    "crash_recipe": "pytest_sprite.save_crashes.crash_targets",
 }
 """Loaded on first use: the sitecustomize of the command form imports this package into every interpreter."""
 

@@ -21,12 +21,12 @@ from pytest_sprite.assertions.crash_consistency import (
     judge_matrix,
     judge_row,
 )
-from pytest_sprite.chaos.events import FileEvent, read_event_log
-from pytest_sprite.chaos.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
-from pytest_sprite.chaos.matrix import CrashPoint, crash_points, prepare_out_dir
-from pytest_sprite.chaos.runs import run_ranks
-from pytest_sprite.chaos.targets import weight_diff, write_sitecustomize
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.save_crashes.events import FileEvent, read_event_log
+from pytest_sprite.save_crashes.inject import CRASH_EXIT_CODE, PLAN_ENV, Plan
+from pytest_sprite.save_crashes.matrix import CrashPoint, crash_points, prepare_out_dir
+from pytest_sprite.save_crashes.target_run import run_ranks
+from pytest_sprite.save_crashes.targets import weight_diff, write_sitecustomize
 from pytest_sprite.subworld import KillAt, KillPoint
 
 pytestmark = pytest.mark.cpu
@@ -143,7 +143,7 @@ def test_a_torn_crash_leaves_the_file_cut_to_half(tmp_path: Path, index: int, na
 
 def test_marks_and_the_planned_crash(tmp_path: Path) -> None:
     def work(root: Path) -> int:
-        from pytest_sprite.chaos import note_resumed_from, note_save_complete
+        from pytest_sprite.save_crashes import note_resumed_from, note_save_complete
 
         note_resumed_from(None)
         (root / "ckpt-1").mkdir()
@@ -184,7 +184,7 @@ def test_the_matrix_plans_a_crash_at_the_file_point_and_a_torn_one_at_the_writte
 
 
 def _planned_work(root: Path) -> None:
-    from pytest_sprite.chaos import inject
+    from pytest_sprite.save_crashes import inject
 
     inject.install(Plan(root=str(root), log=str(root / "x.events"), kill=_crash(0)))
 
@@ -226,7 +226,7 @@ def test_event_log_ignores_a_line_cut_by_a_dying_process_and_rejects_garbage(tmp
 
 
 def test_crash_points_tear_only_file_writes_and_sample_evenly() -> None:
-    from pytest_sprite.chaos.events import EventLog
+    from pytest_sprite.save_crashes.events import EventLog
 
     events = tuple(
         FileEvent(index=i, rank=0, kind=k, path=f"f{i}")
@@ -400,7 +400,7 @@ def test_out_dir_that_exists_is_refused(tmp_path: Path) -> None:
 
 def test_a_failed_run_names_the_rank_whose_own_error_broke_its_peers() -> None:
     """A rank that raised first ends its peers' collectives; their transport errors are the consequence."""
-    from pytest_sprite.chaos.runs import RankOutcome, RunOutcome
+    from pytest_sprite.save_crashes.target_run import RankOutcome, RunOutcome
 
     lost = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:45258"
     cause = "FileNotFoundError: [Errno 2] No such file or directory: 'ckpt-2.tmp'"

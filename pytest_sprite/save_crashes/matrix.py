@@ -26,12 +26,12 @@ from pytest_sprite.assertions.crash_consistency import (
     MatrixSettings,
     judge_matrix,
 )
-from pytest_sprite.chaos.events import EventLog, FileEvent, read_event_log
-from pytest_sprite.chaos.inject import FILE_POINT, WRITTEN_POINT, Plan
-from pytest_sprite.chaos.runs import RunOutcome, RunRequest
-from pytest_sprite.chaos.targets import Target, weight_diff
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.timing import monotonic
+from pytest_sprite.save_crashes.events import EventLog, FileEvent, read_event_log
+from pytest_sprite.save_crashes.inject import FILE_POINT, WRITTEN_POINT, Plan
+from pytest_sprite.save_crashes.target_run import RunOutcome, RunRequest
+from pytest_sprite.save_crashes.targets import Target, weight_diff
 from pytest_sprite.subworld.plan import KillAt
 
 __all__ = ["CrashPoint", "Tear", "crash_points", "prepare_out_dir", "run_matrix"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from pytest_sprite.glue.results import progress, running_item
+from pytest_sprite.glue.recorded_results import progress, running_item
 
 if TYPE_CHECKING:
     from pytest_sprite.records import RecipeIdentity

@@ -2,7 +2,7 @@
 
 ``pytest_sprite.assert_crash_consistent`` takes a target built by ``crash_fn``, ``crash_command``,
 ``crash_recipe`` or ``crash_hf_trainer``. This form, still importable as
-``pytest_sprite.chaos.assert_crash_consistent``, takes what those constructors take as keywords, builds the
+``pytest_sprite.save_crashes.assert_crash_consistent``, takes what those constructors take as keywords, builds the
 target and calls it; the two give the same matrix.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from pytest_sprite.assertions import crash_consistency
 from pytest_sprite.assertions.crash_consistency import CrashMatrix, MatrixSettings
-from pytest_sprite.chaos.crash_targets import MatrixTarget, ranks_world, resolve_target
-from pytest_sprite.chaos.events import FileEvent
+from pytest_sprite.save_crashes.crash_targets import MatrixTarget, ranks_world, resolve_target
+from pytest_sprite.save_crashes.events import FileEvent
 
 __all__ = ["assert_crash_consistent"]
 
@@ -37,7 +37,7 @@ def assert_crash_consistent(
 
     ``target`` is a training function, a command list with ``{out}`` (with ``result_file=`` and optionally
     ``resume_cmd=``), the ``lora_qwen`` recipe or a ``Recipe`` (with ``strategy=``), a built target, or a target
-    object of :mod:`pytest_sprite.chaos.targets`; ``settings`` are those of
+    object of :mod:`pytest_sprite.save_crashes.targets`; ``settings`` are those of
     :class:`~pytest_sprite.assertions.crash_consistency.MatrixSettings`.
     """
     MatrixSettings(select=select, **settings)  # bad settings are refused before anything is built

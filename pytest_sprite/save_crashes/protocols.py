@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
+from pytest_sprite.save_crashes.inject import note_resumed_from, note_save_complete
 
 if TYPE_CHECKING:
     import torch
@@ -210,7 +210,7 @@ def _install_unguarded(tmp: Path, final: Path, *, parts: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pytest_sprite.chaos.protocols PROTOCOL OUT``: train, then ``torch.save`` the weights to OUT/final.pt.
+    """``python -m pytest_sprite.save_crashes.protocols PROTOCOL OUT``: train, then ``torch.save`` the weights to OUT/final.pt.
 
     An ordinary script for the command form (it knows nothing of the crash matrix).
     """
@@ -218,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m pytest_sprite.chaos.protocols {in_place|tmp_rename} OUT_DIR", file=sys.stderr)
+        print(
+            "usage: python -m pytest_sprite.save_crashes.protocols {in_place|tmp_rename} OUT_DIR",
+            file=sys.stderr,
+        )
         return 2
     weights = train(args[1], args[0])  # type: ignore[arg-type]
     torch.save(weights, Path(args[1]) / "final.pt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pytest_sprite.assertions._evidence import FailedCheck
+from pytest_sprite.assertions.evidence import FailedCheck
 from pytest_sprite.assertions.resume.checks import (
     continuation,
     continuation_gaps,
@@ -17,7 +17,7 @@ from pytest_sprite.assertions.resume.checks import (
 )
 from pytest_sprite.assertions.resume.results import RESTORE_CHECKS, ResumeArm, ResumeError, ResumeResult
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.glue.results import record_assertion
+from pytest_sprite.glue.recorded_results import record_assertion
 from pytest_sprite.records import FP32_PRECISION, ResumeRun
 
 __all__ = ["assert_resume_bitexact", "judge_resume"]
@@ -42,7 +42,7 @@ def judge_resume(run: ResumeRun, *, run_label: str | None = None) -> ResumeResul
         if needed not in run.roles or not run.roles[needed]:
             raise SpriteUsageError(
                 f"the resume run has no {needed!r} role (roles: {', '.join(run.roles)}); run every role "
-                "with pytest_sprite.recipes.resume.run_resume_roles"
+                "with pytest_sprite.recipes.resume_roles.run_resume_roles"
             )
     fit, killed, resume = run.roles["fit"], run.roles["killed"], run.roles["resume"]
     if not killed[0].saves:

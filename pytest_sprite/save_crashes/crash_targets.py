@@ -28,7 +28,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MatrixTarget:
-    """A runnable target (:class:`~pytest_sprite.chaos.targets.Target`) as the assertion crashes it."""
+    """A runnable target (:class:`~pytest_sprite.save_crashes.targets.Target`) as the assertion crashes it."""
 
     target: Any
     world: Any = None
@@ -40,7 +40,7 @@ class MatrixTarget:
 
     def crash_matrix(self, out_dir: str | os.PathLike[str], settings: MatrixSettings) -> CrashMatrix:
         """Create ``out_dir`` (rank 0 of a ranks test), run the matrix there and judge it; rank 0 stores it."""
-        from pytest_sprite.chaos.matrix import prepare_out_dir, run_matrix
+        from pytest_sprite.save_crashes.matrix import prepare_out_dir, run_matrix
 
         world = self.world
         out = prepare_out_dir(out_dir) if world is None else world.run_on_rank(0, prepare_out_dir, out_dir)
@@ -94,7 +94,7 @@ def crash_recipe(recipe: Any, *, strategy: str, ranks: int | None = None) -> Mat
 
 def crash_hf_trainer(*, ranks: int = 1) -> MatrixTarget:
     """Hugging Face ``Trainer`` on a tiny in-memory GPT-2, saving every 5 steps (plain tests only)."""
-    from pytest_sprite.chaos.hf import HFTrainerTarget
+    from pytest_sprite.save_crashes.hf import HFTrainerTarget
 
     return _build(HFTrainerTarget(ranks=ranks))
 
@@ -124,7 +124,7 @@ def resolve_target(
     env: Mapping[str, str] | None,
 ) -> Any:
     """The target object for what the user passed, or a SpriteUsageError saying what is accepted."""
-    from pytest_sprite.chaos.targets import FunctionTarget, SubworldTarget
+    from pytest_sprite.save_crashes.targets import FunctionTarget, SubworldTarget
 
     if ranks is None:
         ranks = 1 if world is None else int(world.size)
@@ -168,14 +168,14 @@ def resolve_target(
     raise SpriteUsageError(
         f"cannot crash a {type(target).__name__}: pass a training function fn(train_dir) -> final weights, "
         "a command list with '{out}', the lora_qwen recipe or a Recipe with strategy=, or a target from "
-        "pytest_sprite.chaos.targets"
+        "pytest_sprite.save_crashes.targets"
     )
 
 
 def _recipe_target(target: Any, *, strategy: str | None, ranks: int, world: Any) -> Any:
     """The recipe's Lightning fit under ``strategy``: forks in a plain test, sub-worlds in a ranks test."""
-    from pytest_sprite.chaos.lora import LORA_STRATEGIES, LoraQwenTarget, train_in_subworld
-    from pytest_sprite.chaos.targets import SubworldTarget
+    from pytest_sprite.save_crashes.lora import LORA_STRATEGIES, LoraQwenTarget, train_in_subworld
+    from pytest_sprite.save_crashes.targets import SubworldTarget
 
     source = target if type(target).__name__ == "Recipe" else None
     name = target.name if source is not None else "lora_qwen"
@@ -202,7 +202,7 @@ def _command_target(
     env: Mapping[str, str] | None,
 ) -> Any:
     """An unmodified script run as one interpreter per run (plain tests only)."""
-    from pytest_sprite.chaos.targets import CommandTarget
+    from pytest_sprite.save_crashes.targets import CommandTarget
 
     if world is not None:
         raise SpriteUsageError(

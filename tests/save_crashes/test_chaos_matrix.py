@@ -28,7 +28,7 @@ pytestmark = pytest.mark.cpu
 @pytest.fixture(scope="module")
 def protocols() -> Any:
     pytest.importorskip("torch")
-    from pytest_sprite.chaos import protocols
+    from pytest_sprite.save_crashes import protocols
 
     return protocols
 
@@ -161,7 +161,7 @@ def test_a_target_that_is_not_built_is_refused_by_name(tmp_path: Path) -> None:
 
 
 def test_the_keyword_form_of_pytest_sprite_chaos_gives_the_same_matrix(tmp_path: Path) -> None:
-    from pytest_sprite.chaos import assert_crash_consistent as keyword_form
+    from pytest_sprite.save_crashes import assert_crash_consistent as keyword_form
 
     with pytest.raises(CrashConsistencyError) as built:
         assert_crash_consistent(crash_fn(lambda d: 1 / 0), out_dir=tmp_path / "built")
@@ -229,7 +229,7 @@ def test_command_form_crashes_an_unmodified_script(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_command_form_on_the_torch_protocol_script(tmp_path: Path, protocols: Any) -> None:
-    command = [sys.executable, "-m", "pytest_sprite.chaos.protocols", "tmp_rename", "{out}"]
+    command = [sys.executable, "-m", "pytest_sprite.save_crashes.protocols", "tmp_rename", "{out}"]
     matrix = assert_crash_consistent(
         crash_command(command, result_file="{out}/final.pt", env={"PYTHONPATH": os.getcwd()}),
         out_dir=tmp_path / "chaos",
@@ -245,7 +245,7 @@ def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
     pytester.makepyfile(
         test_save="""
         from pytest_sprite import assert_crash_consistent, crash_fn
-        from pytest_sprite.chaos.protocols import train_in_place, train_tmp_rename
+        from pytest_sprite.save_crashes.protocols import train_in_place, train_tmp_rename
 
         def test_in_place(tmp_path):
             assert_crash_consistent(crash_fn(train_in_place), out_dir=tmp_path / "chaos", max_points=3)
@@ -259,7 +259,7 @@ def test_in_a_pytest_session_a_broken_protocol_fails_its_test_with_the_matrix(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*CrashConsistencyError: crash consistency of pytest_sprite.chaos.protocols.train_in_place (1 rank): FAILED",
+            "*CrashConsistencyError: crash consistency of pytest_sprite.save_crashes.protocols.train_in_place (1 rank): FAILED",
             "*  - 2 HARD_FAIL of 3 crash points",
             "*2 HARD_FAIL + 1 PASS of 3 crash points (control PASS)",
             "*control  -*-*control*PASS*ckpt-4*ckpt-4*0",

@@ -3,7 +3,7 @@
 A negative control only counts when the assertion fails *because of* the fault, as the one verdict on a
 planted fault decides (:func:`~pytest_sprite.assertions.fault_verdict.fault_verdict`, which the report
 tables read too): the failing checks must sit on arms that carry it, no clean arm may fail in the same
-assertion (then the failure could have any cause), and the checks the registry (``pytest_sprite.faults``)
+assertion (then the failure could have any cause), and the checks the registry (``pytest_sprite.planted_faults``)
 lists for the fault, or ``by=``, must be among the failed ones. A block that passes, or fails for an
 unrelated reason, fails the test instead.
 """
@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_sprite.assertions._evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.criterion_v2 import CRITERION_CHECKS
+from pytest_sprite.assertions.evidence import AssertionFailure, FailedCheck
 from pytest_sprite.assertions.fault_verdict import fault_verdict
 from pytest_sprite.assertions.parity import PARITY_CHECKS
 from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.faults import get_fault
+from pytest_sprite.planted_faults import get_fault
 
 __all__ = ["FaultNotRejected", "FaultRejection", "expect_fault_rejected"]
 
@@ -59,7 +59,7 @@ class FaultRejection:
 class expect_fault_rejected:
     """Context manager: the block must fail an assertion because of ``fault``; ``by`` names required checks.
 
-    ``by=None`` requires the checks the registry lists for the fault (``pytest_sprite.faults.FAULTS``) in the
+    ``by=None`` requires the checks the registry lists for the fault (``pytest_sprite.planted_faults.FAULTS``) in the
     assertion that failed: ``missing-rank`` needs ``pre_norm`` in ``assert_parity`` and ``pre_norm`` and
     ``gradients`` in ``assert_criterion_v2``.
 

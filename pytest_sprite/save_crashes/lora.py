@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
-from pytest_sprite.chaos.runs import RunOutcome, RunRequest, rank_envs
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.process import prewarm_fit, prewarm_training
-from pytest_sprite.recipes._shard import default_shard
+from pytest_sprite.recipes.sharding_units import default_shard
+from pytest_sprite.save_crashes.inject import note_resumed_from, note_save_complete
+from pytest_sprite.save_crashes.target_run import RunOutcome, RunRequest, rank_envs
 
 __all__ = ["LORA_STRATEGIES", "LoraQwenTarget", "train_in_subworld", "train_lora_qwen"]
 
@@ -224,7 +224,7 @@ class LoraQwenTarget:
         prewarm_training()
         import lightning.pytorch  # noqa: F401
 
-        from pytest_sprite.recipes import _shard  # noqa: F401 (the fit's FSDP2 units)
+        from pytest_sprite.recipes import sharding_units  # noqa: F401 (the fit's FSDP2 units)
 
         prewarm_fit()
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_sprite.chaos.inject import note_resumed_from, note_save_complete
-from pytest_sprite.chaos.runs import RunOutcome, RunRequest, forked_envs
 from pytest_sprite.plumbing.process import prewarm_training
+from pytest_sprite.save_crashes.inject import note_resumed_from, note_save_complete
+from pytest_sprite.save_crashes.target_run import RunOutcome, RunRequest, forked_envs
 
 __all__ = ["HF_ENV", "HFTrainerTarget", "train_tiny_gpt2"]
 

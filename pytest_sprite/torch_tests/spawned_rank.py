@@ -21,8 +21,8 @@ import pytest
 from ..glue.pytest_internals import skip_at_item
 from ..plumbing.dependency_internals import torch_run_rank
 from .cases import torch_test_key
+from .exit_codes import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR, exit_code, skip_messages
 from .state import ParentState, child_spec, read_state
-from .verdict import CODE_ATTR, ERROR_EXIT_CODE, SKIPPED_ATTR, exit_code, skip_messages
 
 __all__ = ["TorchTestsRank"]
 

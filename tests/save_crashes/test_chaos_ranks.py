@@ -20,7 +20,7 @@ def test_every_rank_is_a_crash_candidate_in_a_ranks_test(pytester: pytest.Pytest
 
         import pytest
         from pytest_sprite import assert_crash_consistent, crash_fn
-        from pytest_sprite.chaos.protocols import train_rank0_rename
+        from pytest_sprite.save_crashes.protocols import train_rank0_rename
 
         def on_rank_1(event):
             return event.rank == 1

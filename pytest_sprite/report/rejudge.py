@@ -140,7 +140,7 @@ class Judged:
 def judge_manifest(path: Path, root: Path) -> Judged:
     """Judge one manifest's inputs again with its kind's judge."""
     document = json.loads(path.read_text(encoding="utf-8"))
-    from pytest_sprite.glue.results import MANIFEST_FORMAT
+    from pytest_sprite.glue.recorded_results import MANIFEST_FORMAT
 
     if document.get("format") != MANIFEST_FORMAT:
         raise SpriteUsageError(
