@@ -404,13 +404,17 @@ def run_child(
         session.send_collectives_called()
         session.leave()
     except KeyboardInterrupt:
-        channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}")
+        channel.send(
+            "interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}", reason="got KeyboardInterrupt"
+        )
         code = 2
     except pytest.exit.Exception as exc:  # pytest.exit(msg, returncode=N): the session ends as pytest's would
+        code_arg = "" if exc.returncode is None else f", returncode={exc.returncode}"
         channel.send(
             "interrupted",
             message=f"{exc.msg} (pytest.exit on rank {spec['rank']})",
             returncode=exc.returncode,
+            reason=f"called pytest.exit({exc.msg!r}{code_arg})",
         )
         code = 2
     except BaseException:

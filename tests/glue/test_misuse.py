@@ -74,6 +74,10 @@ class Misuse:
     """Node ids the report's ``collectors`` must name (a collection error is kept though no test ran)."""
     report_world: int | str | None = "unchecked"
     """The report's ``environment.world_size``: null when no ranks test ran."""
+    report_ranks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Test name -> each rank's outcome in the report's per-rank entries."""
+    report_text: tuple[str, ...] = ()
+    """fnmatch patterns the report's phase texts (each phase's ``longrepr``) must hold, in order."""
     session: bool = False
     """Runs ranks tests: a session of its own in a subprocess (a usage error runs in this process)."""
     marks: tuple[Any, ...] = ()
@@ -294,16 +298,19 @@ def test_replaces_the_folder():
     ),
     # -- bodies -----------------------------------------------------------------------------------------
     Misuse(
+        # Rank 0 would wait for ever: it ends only because it is told to stop (not after --rank-grace).
         id="pytest-exit-on-a-rank",
-        args=("--rank-grace=1",),
+        args=("--rank-grace=3600",),
         files={
             "test_exit.py": """
+                import time
                 import pytest
 
                 @pytest.mark.ranks(2)
                 def test_exits(world):
                     if world.rank == 1:
                         pytest.exit("enough", returncode=7)
+                    time.sleep(3600)
 
                 @pytest.mark.ranks(2)
                 def test_after():
@@ -314,6 +321,8 @@ def test_replaces_the_folder():
         ret=7,
         outcomes={"failed": 1},
         report=True,
+        report_ranks={"test_exits": ("ended", "interrupted")},
+        report_text=("[[]rank 1[]] rank 1 called pytest.exit('enough', returncode=7) during call*",),
         session=True,
     ),
     # -- launch settings --------------------------------------------------------------------------------
@@ -416,6 +425,16 @@ def test_misuse(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case
         assert [c["nodeid"] for c in document.get("collectors", [])] == list(case.report_collectors)
         if case.report_world != "unchecked":
             assert document["environment"]["world_size"] == case.report_world
+        tests = {test["nodeid"].rpartition("::")[2]: test for test in document["tests"]}
+        for name, ranks in case.report_ranks.items():
+            assert tuple(rank["outcome"] for rank in tests[name]["ranks"]) == ranks, tests[name]
+        texts = [
+            line
+            for test in document["tests"]
+            for phase in ("setup", "call", "teardown")
+            for line in str(test.get(phase, {}).get("longrepr", "")).splitlines()
+        ]
+        pytest.LineMatcher(texts).fnmatch_lines(list(case.report_text))
 
 
 def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> dict[str, Any]:
