@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -39,6 +40,9 @@ from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot
 
 __all__ = ["AgentPool", "Event", "Placement", "place"]
+
+_AGENT_END_WAIT = 2.0
+"""Seconds a lost forked agent's end is waited for: its connection closes as it dies."""
 
 Event = tuple[int, str, dict[str, Any]]
 """(rank, event name, payload) as the reader threads enqueue it."""
@@ -330,6 +334,22 @@ class AgentPool:
     def placement(self, agents: Sequence[int]) -> list[Placement]:
         """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``); see :func:`place`."""
         return place([(self.agents[agent].node, self.agents[agent].local_rank) for agent in agents])
+
+    def how_agent_ended(self, rank: int) -> str:
+        """``was killed by signal 9 (SIGKILL)`` for a lost agent whose end the launch can read (a forked
+        agent, waited for a moment), else empty."""
+        agent = self.agents.get(rank)
+        exit_of = getattr(self.handle, "exit_of", None)
+        code = exit_of(agent.pid, _AGENT_END_WAIT) if agent is not None and exit_of is not None else None
+        if code is None:
+            return ""
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by signal {-code} ({name})"
+        return f"exited with status {code}"
 
     def output_tail(self) -> str:
         """The launch log's last lines (empty before the launch)."""

@@ -132,12 +132,14 @@ class RunEvents:
         the pool any more; once the tests in flight have finished it is replaced.
         """
         if rank in run.live:
+            agent = run.agents[rank]
+            ended = pool.how_agent_ended(agent)
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
                 detail=(
-                    f"the connection to rank agent {run.agents[rank]} {payload['detail']}; "
-                    f"it ran on {run.hosts.get(rank, '?')}"
+                    f"the connection to rank agent {agent} {payload['detail']}"
+                    f"{f': the agent {ended}' if ended else ''}; it ran on {run.hosts.get(rank, '?')}"
                 ),
                 output_tail=pool.output_tail(),
             )

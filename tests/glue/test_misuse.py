@@ -325,6 +325,40 @@ def test_replaces_the_folder():
         report_text=("[[]rank 1[]] rank 1 called pytest.exit('enough', returncode=7) during call*",),
         session=True,
     ),
+    Misuse(
+        # No fixture: the call starts right after setup, before an agent that relayed at leisure had sent
+        # setup's report on, and the loss was placed in setup.
+        id="rank-kills-its-own-agent",
+        files={
+            "test_kill.py": """
+                import os
+                import signal
+                import pytest
+
+                @pytest.mark.ranks(2)
+                def test_kills_its_agent():
+                    if os.environ["RANK"] == "1":
+                        os.kill(os.getppid(), signal.SIGKILL)
+
+                @pytest.mark.ranks(2)
+                def test_after():
+                    pass
+
+                def test_plain():
+                    pass
+                """
+        },
+        lines=(
+            "*rank 1: its rank agent was lost during call (*the agent was killed by signal 9 (SIGKILL)*",
+            "FAILED test_kill.py::test_kills_its_agent - [[]rank 1[]] *",
+        ),
+        ret=1,
+        outcomes={"failed": 1, "passed": 2},
+        report=True,
+        report_ranks={"test_after": ("passed", "passed")},  # rank 0 of the first: passed, or ended waiting
+        report_text=("[[]rank 1[]] rank 1: its rank agent was lost during call*",),
+        session=True,
+    ),
     # -- launch settings --------------------------------------------------------------------------------
     Misuse(
         id="pals-outside-pbs",
