@@ -35,6 +35,7 @@ from ..plumbing.protocol import (
     send_frame,
 )
 from ..plumbing.timing import monotonic
+from .early_failures import SETTLE, agents_failed
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot
@@ -183,12 +184,20 @@ class AgentPool:
         token = self._token
         deadline = self.launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
+        failed: dict[
+            int | None, str
+        ] = {}  # rank -> why its agent failed before it could join, shown together
+        first_failure = 0.0
         while not self.complete and not self._closing:
+            if failed and (
+                len(self.agents) + len(failed) >= self.world_size or monotonic() - first_failure > SETTLE
+            ):
+                raise LaunchError(agents_failed(failed))
             status = self.handle.poll()
             if status is not None:
-                failed = self._agent_failure_waiting(token)  # an agent's own words beat the launcher's
-                if failed is not None:
-                    raise LaunchError(failed)
+                failed.update(self._agent_failures_waiting(token))  # an agent's own words beat the launcher's
+                if failed:
+                    raise LaunchError(agents_failed(failed))
                 raise LaunchError(
                     f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
                     f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
@@ -210,7 +219,9 @@ class AgentPool:
             hello = self._first_frame(conn)
             if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
                 conn.close()
-                raise LaunchError(_agent_failed(hello[1]))
+                first_failure = first_failure or monotonic()
+                failed[hello[1].get("rank")] = str(hello[1].get("detail", ""))
+                continue
             if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
                 conn.close()  # not one of ours
                 continue
@@ -230,21 +241,22 @@ class AgentPool:
             thread.start()
             self._threads.append(thread)
 
-    def _agent_failure_waiting(self, token: str) -> str | None:
-        """An ``agent_failed`` among the connections already waiting, once the launch has ended: the agent
-        that failed first ended it (torchrun ends the others), and its traceback says why."""
+    def _agent_failures_waiting(self, token: str) -> dict[int | None, str]:
+        """The ``agent_failed`` frames among the connections already waiting, once the launch has ended: the
+        agents that failed ended it (torchrun ends the others), and their tracebacks say why."""
         assert self._listener is not None
         self._listener.settimeout(0.0)
+        failed: dict[int | None, str] = {}
         try:
             while True:
                 try:
                     conn, _ = self._listener.accept()
                 except OSError:
-                    return None
+                    return failed
                 hello = self._first_frame(conn)
                 conn.close()
                 if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
-                    return _agent_failed(hello[1])
+                    failed[hello[1].get("rank")] = str(hello[1].get("detail", ""))
         finally:
             self._listener.settimeout(0.2)
 
@@ -379,10 +391,3 @@ class AgentPool:
 def _described(exc: BaseException) -> str:
     """An exception as its type and message, for a line that says why a thread ended."""
     return f"{type(exc).__name__}: {exc}"
-
-
-def _agent_failed(payload: dict[str, Any]) -> str:
-    """The line (and traceback) for an agent that failed before it could join (``agent_failed``)."""
-    rank = payload.get("rank")
-    who = "a rank agent" if rank is None else f"rank agent {rank}"
-    return f"{who} failed before it could join the world:\n{payload.get('detail', '')}"

@@ -383,17 +383,30 @@ def test_replaces_the_folder():
     ),
     # -- errors only one rank sees -----------------------------------------------------------------------
     Misuse(
-        id="mpiexec-conftest-only-rank-1-imports",
-        args=("--launcher=mpiexec", "--ranks=2", "--connect-timeout=300"),
+        # Ranks 1 and 2 fail together (each waits for the other's file first), each with its own error.
+        id="mpiexec-conftest-fails-on-ranks-1-and-2",
+        args=("--launcher=mpiexec", "--ranks=3", "--connect-timeout=300"),
         files={
             "conftest.py": """
                 import os
-                if os.environ.get("PMI_RANK") == "1":
-                    exec("x = (")
+                import time
+                rank = os.environ.get("PMI_RANK")
+                if rank in ("1", "2"):
+                    open(f"failing-{rank}", "w").close()
+                    deadline = time.monotonic() + 60
+                    while not all(os.path.exists(f"failing-{r}") for r in "12") and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    exec("x = (" if rank == "1" else "y = ]")
                 """,
-            "test_m.py": MODULE,
+            "test_m.py": MODULE.replace("ranks(2)", "ranks(3)").replace("== 2", "== 3"),
         },
-        lines=("*rank agent 1 failed before it could join the world*", "*SyntaxError*"),
+        lines=(
+            "*rank agents 1-2 failed before they could join the world, with 2 different errors:",
+            "--- rank agent 1 ---",
+            "*SyntaxError: '(' was never closed",
+            "--- rank agent 2 ---",
+            "*SyntaxError: unmatched ']'",
+        ),
         ret=INTERRUPTED,
         outcomes={"errors": 1},
         report=True,
@@ -401,22 +414,23 @@ def test_replaces_the_folder():
         marks=(needs_mpiexec,),
     ),
     Misuse(
-        id="torchrun-import-error-on-rank-1",
-        args=("--launcher=torchrun", "--ranks=2"),
+        id="torchrun-import-error-on-ranks-1-and-2",
+        args=("--launcher=torchrun", "--ranks=3"),
         files={
             "test_t.py": """
                 import os
                 import pytest
-                if os.environ.get("RANK") == "1":
+                if os.environ.get("RANK") in ("1", "2"):
                     import no_such_module_here
 
-                @pytest.mark.ranks(2)
+                @pytest.mark.ranks(3)
                 def test_one():
                     pass
                 """
         },
         lines=(
-            "*rank agent 1 could not collect what this process collected*",
+            "*rank agents 1-2 could not collect what this process collected",
+            "error collecting test_t.py on rank agents 1-2:",
             "*ModuleNotFoundError: No module named 'no_such_module_here'*",
         ),
         ret=INTERRUPTED,
