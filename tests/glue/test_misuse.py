@@ -280,20 +280,35 @@ CASES = [
     ),
     # -- a report that cannot be written at the end: a warning line, the summary and the status stay ---
     Misuse(
-        id="report-folder-gone",
-        args=("--sprite-report=out/report.json",),
+        # The report's folder and the plots' are each replaced by a file while the session runs.
+        id="report-and-plots-folders-gone",
+        args=("--sprite-report=out/report.json", "--sprite-plots=plots"),
         files={
             "test_gone.py": MODULE
             + """
-def test_replaces_the_folder():
+from pytest_sprite import record_assertion
+from pytest_sprite.assertions.parity import ArmParity, ParityResult
+
+def test_records_a_plot():
+    arm = ArmParity(label="ddp", arm="ddp", ranks=2, global_batch=4, accumulate=1, fault=None,
+                    strategy="XPUDDPStrategy", pre_norm_rel=7.5e-8, post_norm_rel=7.3e-8, update_rel_l2=1.3e-6,
+                    frozen_changed=0, frozen_total=26, failed=(),
+                    pre_norm_rel_steps=(1e-8, 7.5e-8), post_norm_rel_steps=(0.0, 7.3e-8))
+    record_assertion(ParityResult(rtol=1e-4, reference="ref", arms=(arm,)))
+
+def test_replaces_the_folders():
     import shutil
-    shutil.rmtree("out")
-    open("out", "w").close()
+    for folder in ("out", "plots"):
+        shutil.rmtree(folder, ignore_errors=True)
+        open(folder, "w").close()
 """
         },
-        lines=("sprite: warning: the JSON report was not written to out/report.json: *",),
+        lines=(
+            "sprite: warning: the JSON report was not written to out/report.json: *",
+            "sprite: warning: a plot (and those after it) was not written to plots: *",
+        ),
         ret=0,
-        outcomes={"passed": 3},
+        outcomes={"passed": 4},
         session=True,
     ),
     # -- bodies -----------------------------------------------------------------------------------------
