@@ -429,6 +429,35 @@ def test_replaces_the_folders():
         marks=(needs_mpiexec,),
     ),
     Misuse(
+        id="mpiexec-import-error-on-ranks-1-and-2",
+        args=("--launcher=mpiexec", "--ranks=3"),
+        files={
+            "test_t.py": """
+                import os
+                import pytest
+                if os.environ.get("PMI_RANK") in ("1", "2"):
+                    import no_such_module_here
+
+                @pytest.mark.ranks(3)
+                def test_one():
+                    pass
+
+                def test_plain():
+                    pass
+                """
+        },
+        lines=(
+            "*rank agents 1-2 could not collect what this process collected",
+            "error collecting test_t.py on rank agents 1-2:",
+            "*ModuleNotFoundError: No module named 'no_such_module_here'*",
+        ),
+        ret=INTERRUPTED,
+        outcomes={"errors": 1},
+        report=True,
+        session=True,
+        marks=(needs_mpiexec,),
+    ),
+    Misuse(
         id="torchrun-import-error-on-ranks-1-and-2",
         args=("--launcher=torchrun", "--ranks=3"),
         files={
