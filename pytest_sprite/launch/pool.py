@@ -184,9 +184,8 @@ class AgentPool:
         token = self._token
         deadline = self.launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
-        failed: dict[
-            int | None, str
-        ] = {}  # rank -> why its agent failed before it could join, shown together
+        # Rank -> why its agent failed before it could join: shown together (``early_failures``).
+        failed: dict[int | None, str] = {}
         first_failure = 0.0
         while not self.complete and not self._closing:
             if failed and (
@@ -235,11 +234,14 @@ class AgentPool:
                     conn.close()
                     raise
             self.events.put((agent.rank, "agent_ready", dict(hello[1])))
-            thread = threading.Thread(
-                target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._start_reader(agent)
+
+    def _start_reader(self, agent: _Agent) -> None:
+        thread = threading.Thread(
+            target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
 
     def _agent_failures_waiting(self, token: str) -> dict[int | None, str]:
         """The ``agent_failed`` frames among the connections already waiting, once the launch has ended: the
