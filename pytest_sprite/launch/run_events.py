@@ -103,7 +103,9 @@ class RunEvents:
             run.exit_code = payload.get("returncode")
         run.interrupted_by[rank] = payload.get("reason", "ended the session")
         run.note_failure(rank)
-        self.abort(pool, run, "peer_failed", f"because rank {rank} {run.interrupted_by[rank]}", sparing=rank)
+        self.abort(
+            pool, run, "peer_failed", "because the session stops", sparing=rank
+        )  # the roll call says why
 
     def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:
         """Emitted by an agent that could not start the child (e.g. it did not collect the test)."""
