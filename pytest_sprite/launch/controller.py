@@ -33,6 +33,12 @@ from ..plumbing.protocol import (
 )
 from ..plumbing.timing import monotonic, wall
 from .debug_relay import DebugRelay
+from .early_failures import EarlyFailures
+from .mutant_runs import MutantRuns
+from .pool import AgentPool
+from .rank_end import RankEnd
+from .reporting import log_run, log_warnings, merge_run
+from .run_events import RunEvents
 from .item_runs import (
     _hypothesis_seed,
     _Run,
@@ -45,11 +51,6 @@ from .item_runs import (
     usable_cores,
     world_size_key,
 )
-from .mutant_runs import MutantRuns
-from .pool import AgentPool
-from .rank_end import RankEnd
-from .reporting import log_run, log_warnings, merge_run
-from .run_events import RunEvents
 from .schedule import Scheduler, Utilisation
 
 __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
@@ -93,6 +94,7 @@ class Controller:
         self.interrupt: str | None = None
         self.collect_errors: set[str] = set()
         """Node ids this process failed to collect: a launched agent's own errors beyond these are shown."""
+        self.differing = EarlyFailures()
         self.exit_code: int | None = None
         """With :attr:`interrupt`: the code of a rank's ``pytest.exit``, None for a KeyboardInterrupt."""
         self._run_ids = 0
@@ -439,6 +441,8 @@ class Controller:
                     event = pool.events.get_nowait()
                 except queue.Empty:
                     event = None
+            if self.differing.due(every_agent_spoke=pool.complete):
+                self.on_launch_failed(pool, self.differing.take())
             if self.debug.waiting():  # a rank's pdb asks for the terminal
                 self.lend_terminal()
             for run in list(self.running.values()):
@@ -511,14 +515,15 @@ class Controller:
             unseen = {
                 k: v for k, v in payload.get("collect_errors", {}).items() if k not in self.collect_errors
             }
-            if unseen:  # the rank collects other code than this process: its error, once, and stop
-                self.on_launch_failed(pool, _collection_differs(agent, unseen))
+            if unseen:  # the rank collects other code than this process: shown with the others', then stop
+                self.differing.note(agent, unseen)
                 return
             if self.scheduler is not None and not self.scheduler.stopped:
                 self.scheduler.join(pool.slot(agent))
             return
-        if event == "launch_failed":
-            self.on_launch_failed(pool, payload["detail"])
+        if event == "launch_failed":  # with the collection errors gathered so far: one failure, not two
+            gathered = f"{self.differing.take()}\n" if self.differing.first is not None else ""
+            self.on_launch_failed(pool, gathered + payload["detail"])
             return
         if event == "child_exited":
             pool.ports[agent] = payload["next_port"]  # whichever run it ends, the port is the agent's newest
@@ -587,12 +592,3 @@ def _launch_failure_line(exc: Exception) -> str:
     for tail in (" Its output:", " Launcher output:"):
         first = first.removesuffix(tail)
     return f"pytest-sprite could not start the rank agents: {first.rstrip(':')}"
-
-
-def _collection_differs(agent: int, errors: dict[str, str]) -> str:
-    """Why a launched agent cannot serve this session: the collection errors only it saw, with their text."""
-    shown = "\n".join(
-        f"error collecting {nodeid or '.'} on rank agent {agent}:\n{text.rstrip()}"
-        for nodeid, text in errors.items()
-    )
-    return f"rank agent {agent} could not collect what this process collected\n{shown}"

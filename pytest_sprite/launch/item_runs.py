@@ -180,6 +180,8 @@ class _Run:
     failed_at: dict[int, float] = field(default_factory=dict)
     """Rank -> when its first failure arrived."""
     interrupted: str | None = None
+    interrupted_by: dict[int, str] = field(default_factory=dict)
+    """Rank -> what it did to end the session (``called pytest.exit('enough')``), for its own report."""
     exit_code: int | None = None
     """``pytest.exit(..., returncode=N)`` on a rank: the session's exit status (None: interrupted, 2)."""
     test_dir: Path | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -34,11 +35,15 @@ from ..plumbing.protocol import (
     send_frame,
 )
 from ..plumbing.timing import monotonic
+from .early_failures import SETTLE, agents_failed
 from .launchers import get_launcher
 from .launchers.base import LaunchHandle, LaunchRequest
 from .schedule import Slot
 
 __all__ = ["AgentPool", "Event", "Placement", "place"]
+
+_AGENT_END_WAIT = 2.0
+"""Seconds a lost forked agent's end is waited for: its connection closes as it dies."""
 
 Event = tuple[int, str, dict[str, Any]]
 """(rank, event name, payload) as the reader threads enqueue it."""
@@ -179,12 +184,19 @@ class AgentPool:
         token = self._token
         deadline = self.launched_at + self.settings.connect_timeout
         self._listener.settimeout(0.2)
+        # Rank -> why its agent failed before it could join: shown together (``early_failures``).
+        failed: dict[int | None, str] = {}
+        first_failure = 0.0
         while not self.complete and not self._closing:
+            if failed and (
+                len(self.agents) + len(failed) >= self.world_size or monotonic() - first_failure > SETTLE
+            ):
+                raise LaunchError(agents_failed(failed))
             status = self.handle.poll()
             if status is not None:
-                failed = self._agent_failure_waiting(token)  # an agent's own words beat the launcher's
-                if failed is not None:
-                    raise LaunchError(failed)
+                failed.update(self._agent_failures_waiting(token))  # an agent's own words beat the launcher's
+                if failed:
+                    raise LaunchError(agents_failed(failed))
                 raise LaunchError(
                     f"--launcher={self.settings.launcher}: the launch ended with status {status} before all "
                     f"{self.world_size} agents connected ({len(self.agents)} did). Its output:\n{self.handle.output_tail()}"
@@ -206,7 +218,9 @@ class AgentPool:
             hello = self._first_frame(conn)
             if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
                 conn.close()
-                raise LaunchError(_agent_failed(hello[1]))
+                first_failure = first_failure or monotonic()
+                failed[hello[1].get("rank")] = str(hello[1].get("detail", ""))
+                continue
             if hello is None or hello[0] != "agent_ready" or hello[1].get("token") != token:
                 conn.close()  # not one of ours
                 continue
@@ -220,27 +234,31 @@ class AgentPool:
                     conn.close()
                     raise
             self.events.put((agent.rank, "agent_ready", dict(hello[1])))
-            thread = threading.Thread(
-                target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._start_reader(agent)
 
-    def _agent_failure_waiting(self, token: str) -> str | None:
-        """An ``agent_failed`` among the connections already waiting, once the launch has ended: the agent
-        that failed first ended it (torchrun ends the others), and its traceback says why."""
+    def _start_reader(self, agent: _Agent) -> None:
+        thread = threading.Thread(
+            target=self._read_agent, args=(agent,), name=f"sprite-rank{agent.rank}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def _agent_failures_waiting(self, token: str) -> dict[int | None, str]:
+        """The ``agent_failed`` frames among the connections already waiting, once the launch has ended: the
+        agents that failed ended it (torchrun ends the others), and their tracebacks say why."""
         assert self._listener is not None
         self._listener.settimeout(0.0)
+        failed: dict[int | None, str] = {}
         try:
             while True:
                 try:
                     conn, _ = self._listener.accept()
                 except OSError:
-                    return None
+                    return failed
                 hello = self._first_frame(conn)
                 conn.close()
                 if hello is not None and hello[0] == AGENT_FAILED and hello[1].get("token") == token:
-                    return _agent_failed(hello[1])
+                    failed[hello[1].get("rank")] = str(hello[1].get("detail", ""))
         finally:
             self._listener.settimeout(0.2)
 
@@ -331,6 +349,22 @@ class AgentPool:
         """Where each rank of a test on ``agents`` sits (test rank r runs on ``agents[r]``); see :func:`place`."""
         return place([(self.agents[agent].node, self.agents[agent].local_rank) for agent in agents])
 
+    def how_agent_ended(self, rank: int) -> str:
+        """``was killed by signal 9 (SIGKILL)`` for a lost agent whose end the launch can read (a forked
+        agent, waited for a moment), else empty."""
+        agent = self.agents.get(rank)
+        exit_of = getattr(self.handle, "exit_of", None)
+        code = exit_of(agent.pid, _AGENT_END_WAIT) if agent is not None and exit_of is not None else None
+        if code is None:
+            return ""
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"was killed by signal {-code} ({name})"
+        return f"exited with status {code}"
+
     def output_tail(self) -> str:
         """The launch log's last lines (empty before the launch)."""
         return self.handle.output_tail() if self.handle is not None else ""
@@ -359,10 +393,3 @@ class AgentPool:
 def _described(exc: BaseException) -> str:
     """An exception as its type and message, for a line that says why a thread ended."""
     return f"{type(exc).__name__}: {exc}"
-
-
-def _agent_failed(payload: dict[str, Any]) -> str:
-    """The line (and traceback) for an agent that failed before it could join (``agent_failed``)."""
-    rank = payload.get("rank")
-    who = "a rank agent" if rank is None else f"rank agent {rank}"
-    return f"{who} failed before it could join the world:\n{payload.get('detail', '')}"

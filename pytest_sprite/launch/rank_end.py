@@ -42,17 +42,22 @@ class RankEnd:
     """The last lines the child printed (uncaptured output, captured output of the running phase)."""
     stacks: str = ""
     """Python stacks of every thread at the moment it was ended (faulthandler)."""
+    interrupted: str = ""
+    """What the rank did to end the session, when it did (``called pytest.exit('enough')``); empty otherwise."""
     ended_at: float = field(default_factory=wall, compare=False)
     """Wall-clock time (:func:`~pytest_sprite.plumbing.timing.wall`) when the controller learned of the end: the phase the rank was in
     held it until then, so a rank that timed out, crashed or was lost reports that phase's true duration."""
 
     @classmethod
-    def of_exit(cls, rank: int, payload: Mapping[str, Any]) -> RankEnd:
+    def of_exit(cls, rank: int, payload: Mapping[str, Any], *, interrupted: str = "") -> RankEnd:
         """Test rank ``rank``'s end, from its agent's ``child_exited`` frame (the frame's own rank is the agent's)."""
         return cls(
             rank=rank,
+            interrupted=interrupted,
             **{
-                f.name: payload[f.name] for f in dataclasses.fields(cls) if f.name not in ("rank", "ended_at")
+                f.name: payload[f.name]
+                for f in dataclasses.fields(cls)
+                if f.name not in ("rank", "ended_at", "interrupted")
             },
         )
 
@@ -99,6 +104,8 @@ def describe_end(end: RankEnd, phase: str) -> str:
         head = f"{who}: its rank agent was lost during {phase} ({end.detail})"
     elif end.ended_by == "agent_error":  # often every rank's, for one reason: the text folds over ranks
         head = f"its rank agent could not run the test: {end.detail}"
+    elif end.interrupted:  # its own doing, not a crash: the session ends after this test
+        head = f"{who} {end.interrupted} during {phase}, which ends the session"
     elif end.signal is not None:
         head = f"{who} CRASHED with signal {end.signal} ({signal_name(end.signal)}) during {phase}"
     else:

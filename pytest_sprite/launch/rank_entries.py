@@ -76,8 +76,9 @@ def rank_outcomes(
     """One entry per rank: outcome, exit code or signal, duration, host, device, and what it printed.
 
     The outcome is the rank's own: ``failed`` / ``skipped`` / ``passed`` from its reports when its child
-    ran to its end; ``crashed`` (it died by a signal or exited early), ``timeout``, ``ended`` (ended after
-    a peer failed) or ``lost`` (its agent was lost or could not run it) otherwise. The duration is the
+    ran to its end; ``interrupted`` (it called ``pytest.exit`` or got KeyboardInterrupt), ``crashed`` (it
+    died by a signal or exited early), ``timeout``, ``ended`` (ended after a peer failed) or ``lost`` (its
+    agent was lost or could not run it) otherwise. The duration is the
     wall time the rank was held, the phase it never finished included (until its end was known).
     ``output`` is each phase's captured stdout, stderr and log; ``last_output``, for a rank that did not
     end cleanly, the last lines its process wrote.
@@ -89,6 +90,8 @@ def rank_outcomes(
         finished = bool(reports) and reports[-1].when == "teardown"
         if end.ended_by is not None:
             outcome = _ENDED_BY_OUTCOME[end.ended_by]
+        elif end.interrupted:
+            outcome = "interrupted"
         elif not finished or end.signal is not None:
             outcome = "crashed"
         elif any(r.failed for r in reports):

@@ -164,6 +164,11 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
         return Place(rank=rank, text="lost with its rank agent")
     if end.ended_by == "agent_error":
         return Place(rank=rank, text="its rank agent could not run the test")
+    if (
+        end.interrupted
+    ):  # pytest.exit or Ctrl-C: its own doing, read as "rank 1 was stopping the session: ..."
+        left = f"stopping the session: it {end.interrupted} during {running}"
+        return Place(rank=rank, text=left, left=left, crashed=True)
     if end.signal is not None or end.exitcode != 0 or not finished:
         how = (
             f"crashed with signal {end.signal} ({_signal_name(end.signal)})"

@@ -96,11 +96,16 @@ class RunEvents:
         write_progress(self.config, progress_line(run.item.nodeid, payload["message"]))
 
     def on_interrupted(self, pool: AgentPool, run: _Run, rank: int, payload: Interrupted) -> None:
-        """Emitted by a child that got KeyboardInterrupt: the session ends after this test."""
+        """Emitted by a child that got KeyboardInterrupt or called ``pytest.exit``: the session ends after
+        this test, so its other ranks are told to stop now rather than waited out (``--rank-grace``)."""
         if run.interrupted is None:  # the first rank's words and code are the session's
             run.interrupted = payload["message"]
             run.exit_code = payload.get("returncode")
+        run.interrupted_by[rank] = payload.get("reason", "ended the session")
         run.note_failure(rank)
+        self.abort(
+            pool, run, "peer_failed", "because the session stops", sparing=rank
+        )  # the roll call says why
 
     def on_agent_error(self, pool: AgentPool, run: _Run, rank: int, payload: AgentError) -> None:
         """Emitted by an agent that could not start the child (e.g. it did not collect the test)."""
@@ -109,7 +114,7 @@ class RunEvents:
 
     def on_child_exited(self, pool: AgentPool, run: _Run, rank: int, payload: ChildExited) -> None:
         """Emitted by an agent when the child ended, on its own or by ``abort``."""
-        run.ends[rank] = RankEnd.of_exit(rank, payload)
+        run.ends[rank] = RankEnd.of_exit(rank, payload, interrupted=run.interrupted_by.get(rank, ""))
         run.exited[rank] = monotonic()
         if rank in run.taking_stacks:  # it ended before its agent answered: nothing to wait for
             run.taking_stacks.discard(rank)
@@ -129,12 +134,14 @@ class RunEvents:
         the pool any more; once the tests in flight have finished it is replaced.
         """
         if rank in run.live:
+            agent = run.agents[rank]
+            ended = pool.how_agent_ended(agent)
             run.ends[rank] = RankEnd(
                 rank=rank,
                 ended_by="agent_lost",
                 detail=(
-                    f"the connection to rank agent {run.agents[rank]} {payload['detail']}; "
-                    f"it ran on {run.hosts.get(rank, '?')}"
+                    f"the connection to rank agent {agent} {payload['detail']}"
+                    f"{f': the agent {ended}' if ended else ''}; it ran on {run.hosts.get(rank, '?')}"
                 ),
                 output_tail=pool.output_tail(),
             )
@@ -163,10 +170,13 @@ class RunEvents:
                 )
                 run.ends[rank] = RankEnd(rank=rank, ended_by="agent_lost", detail=pool.broken)
 
-    def abort(self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str) -> None:
-        """Phase one of ending the live ranks: every agent takes its child's stacks (see ``Abort``)."""
+    def abort(
+        self, pool: AgentPool, run: _Run, reason: EndedBy, detail: str, *, sparing: int | None = None
+    ) -> None:
+        """Phase one of ending the live ranks (but ``sparing``, which is ending by itself): every agent takes
+        its child's stacks (see ``Abort``)."""
         for rank in run.live:
-            if rank not in run.aborted:
+            if rank not in run.aborted and rank != sparing:
                 run.aborted[rank] = monotonic()
                 run.abort_reason = (reason, detail)
                 run.taking_stacks.add(rank)

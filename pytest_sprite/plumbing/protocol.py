@@ -237,6 +237,7 @@ class Interrupted(TypedDict):
     rank: int
     message: str
     returncode: NotRequired[int | None]
+    reason: NotRequired[str]  # what the rank did, for its own entry: ``called pytest.exit('enough')``
     """``pytest.exit(..., returncode=N)``'s N: the session's exit status; absent: interrupted (2)."""
 
 

@@ -67,6 +67,8 @@ class _Child:
     """Why no stack could be taken at an abort (empty: taken, or not asked for)."""
     last: bool = False
     """The session's last ranks test: no spare is forked for a test after it."""
+    relayed: socket.socket | None = None
+    """Where the agent says it has passed a report on: the child waits for that before its next phase."""
 
 
 @dataclass
@@ -276,12 +278,19 @@ class Agent:
         fds = [listener.fileno()] if listener is not None else []
         try:
             socket.send_fds(spare.control, [encode_frame("run", spec)], fds)
+        except OSError:
+            spare.control.close()  # a spare that died: the child's end shows it
+            raise
         finally:
-            spare.control.close()
             if listener is not None:
                 listener.close()  # the child holds its own copy
         self.child = _Child(
-            run_id=run_id, pid=spare.pid, rfd=spare.rfd, run_dir=spare.run_dir, last=spec["last"]
+            run_id=run_id,
+            pid=spare.pid,
+            rfd=spare.rfd,
+            run_dir=spare.run_dir,
+            last=spec["last"],
+            relayed=spare.control,
         )
 
     def _start_pristine(self) -> None:
@@ -403,6 +412,8 @@ class Agent:
                     self._release_finished_child()
                     return True
                 self.sock.sendall(frame)
+                if event == "report":
+                    _say_relayed(child)
                 if event == "report" and self.spare is None and not child.last:
                     # The test is set up: the next test's child prepares while this one runs, not
                     # between the two tests, and not while this one starts.
@@ -458,6 +469,7 @@ class Agent:
                 pass
             end_session_leftovers(child.pid, grace=0.5)
             os.close(child.rfd)
+            _close_relayed(child)
             self.child = None
 
     def _finish_child(self) -> None:
@@ -506,9 +518,30 @@ class Agent:
             child_exited(run_id=child.run_id, rank=self.rank, next_port=self._reserve_port(), **end),
         )
         os.close(child.rfd)
+        _close_relayed(child)
         shutil.rmtree(child.run_dir, ignore_errors=True)
         if child.status is None:  # reported done and still exiting: reap it later
             self.exiting.append(child.pid)
         self.child = None
         if self.spare is None and not child.last:
             self._fork_spare()
+
+
+def _say_relayed(child: _Child) -> None:
+    """Tell the child its report is on its way to the controller.
+
+    The child waits for this before its next phase: a test body that kills this agent (or has it killed)
+    would otherwise take the unrelayed setup report with it, and the controller would place the loss in
+    setup, not in the call where it happened.
+    """
+    if child.relayed is not None:
+        try:
+            child.relayed.send(b"\x01")
+        except OSError:  # the child is gone: its end is reported by its exit
+            pass
+
+
+def _close_relayed(child: _Child) -> None:
+    if child.relayed is not None:
+        child.relayed.close()
+        child.relayed = None

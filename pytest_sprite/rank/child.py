@@ -63,7 +63,10 @@ class _Channel:
         self.spec = spec
 
     def send(self, event: str, **payload: Any) -> None:
-        send_frame(self.fd, event, {"run_id": self.spec["run_id"], "rank": self.spec["rank"], **payload})
+        try:
+            send_frame(self.fd, event, {"run_id": self.spec["run_id"], "rank": self.spec["rank"], **payload})
+        except BrokenPipeError:
+            _agent_gone()
 
     def collect(self, name: str, rank: int, tensor: torch.Tensor) -> None:
         import torch
@@ -89,13 +92,34 @@ class ChildSession:
         self.listen_fd: int | None = None
         """Rank 0: an already listening socket for the rendezvous store (the agent reserved it)."""
         self.store: Any = None
+        self.relayed: socket.socket | None = None
+        """The agent's word that a report is passed on (see :meth:`_wait_relayed`)."""
 
-    def bind(self, channel: _Channel, spec: RunSpec, listen_fd: int | None) -> None:
-        """This child's test: where it reports, its seat, rank 0's listening socket."""
+    def bind(
+        self, channel: _Channel, spec: RunSpec, listen_fd: int | None, relayed: socket.socket | None = None
+    ) -> None:
+        """This child's test: where it reports, its seat, rank 0's listening socket, the agent's word."""
         self.channel = channel
         self.spec = spec
         self.listen_fd = listen_fd
+        self.relayed = relayed
         self.bound = True
+
+    def _wait_relayed(self) -> None:
+        """Go on to the next phase only once the agent has passed this phase's report to the controller.
+
+        A body that kills its own agent takes with it whatever the agent has not relayed yet; waiting
+        here (one wake-up of the agent, which relays the report anyway) means the controller knows
+        which phase the rank was in when its agent was lost. EOF: the agent is gone (see :func:`_agent_gone`).
+        """
+        if self.relayed is None:
+            return
+        try:
+            word = self.relayed.recv(1)
+        except OSError:
+            word = b""
+        if not word:
+            _agent_gone()
 
     def leave(self) -> None:
         """Before exiting, make sure no peer still needs this process for its rendezvous.
@@ -136,6 +160,8 @@ class ChildSession:
             setattr(report, DEVICE_ATTR, str(world.device))
         data = item.config.hook.pytest_report_to_serializable(config=item.config, report=report)
         self.channel.send("report", report=data)
+        if report.when != "teardown":
+            self._wait_relayed()
         return report
 
     @pytest.hookimpl(wrapper=True)
@@ -336,6 +362,16 @@ def _qualified(cls: type) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _agent_gone() -> NoReturn:
+    """The agent died (its end of a pipe or socket closed): end now, as its death signal is about to.
+
+    Linux closes a dying process's files before it signals the children that asked to die with it, so
+    a child can see the agent's pipe break first; going on would only print a BrokenPipeError that no
+    one reads. The controller reports the rank from the agent's loss.
+    """
+    os._exit(1)
+
+
 def _die_with_parent(agent_pid: int) -> None:
     """Ask Linux to kill this child when its agent dies, so a lost agent leaves no rank behind.
 
@@ -368,7 +404,6 @@ def run_spare(
     install_stack_dumps(run_dir / "output.log", run_dir / "stacks.txt", STACK_SIGNAL)
     subworld.set_pristine(pristine)
     message, fds, _, _ = socket.recv_fds(control, 1 << 20, 1)
-    control.close()
     if not message:
         os._exit(0)
     event, payload = decode_frame(message[HEADER_SIZE:])
@@ -376,11 +411,24 @@ def run_spare(
         raise ValueError(f"a spare child expects a run frame, not {event!r}")
     spec = cast(RunSpec, payload)
     item = items[spec["nodeid"]]
-    run_child(item=item, write_fd=write_fd, run_dir=run_dir, spec=spec, listen_fd=fds[0] if fds else None)
+    run_child(
+        item=item,
+        write_fd=write_fd,
+        run_dir=run_dir,
+        spec=spec,
+        listen_fd=fds[0] if fds else None,
+        relayed=control,
+    )
 
 
 def run_child(
-    *, item: pytest.Item, write_fd: int, run_dir: Path, spec: RunSpec, listen_fd: int | None
+    *,
+    item: pytest.Item,
+    write_fd: int,
+    run_dir: Path,
+    spec: RunSpec,
+    listen_fd: int | None,
+    relayed: socket.socket | None = None,
 ) -> NoReturn:
     """Run one item as one rank and end the process; never returns. Output is already redirected."""
     code = 0
@@ -394,7 +442,7 @@ def run_child(
         session = item.config.pluginmanager.get_plugin(CHILD_SESSION)
         if not isinstance(session, ChildSession):  # registered in the agent before it forked this child
             raise RuntimeError(f"a test child found no {CHILD_SESSION!r} plugin: the agent registers it")
-        session.bind(channel, spec, listen_fd)
+        session.bind(channel, spec, listen_fd, relayed)
         bind_debugger(spec)
         set_progress_sink(lambda message: channel.send("progress", message=message))
         # Warnings go to the controller, which folds them over ranks into its summary.
@@ -404,13 +452,17 @@ def run_child(
         session.send_collectives_called()
         session.leave()
     except KeyboardInterrupt:
-        channel.send("interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}")
+        channel.send(
+            "interrupted", message=f"KeyboardInterrupt on rank {spec['rank']}", reason="got KeyboardInterrupt"
+        )
         code = 2
     except pytest.exit.Exception as exc:  # pytest.exit(msg, returncode=N): the session ends as pytest's would
+        code_arg = "" if exc.returncode is None else f", returncode={exc.returncode}"
         channel.send(
             "interrupted",
             message=f"{exc.msg} (pytest.exit on rank {spec['rank']})",
             returncode=exc.returncode,
+            reason=f"called pytest.exit({exc.msg!r}{code_arg})",
         )
         code = 2
     except BaseException:

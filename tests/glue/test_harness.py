@@ -412,7 +412,12 @@ def test_child_keyboard_interrupt_ends_the_session(pytester: pytest.Pytester) ->
     )
     result = run(pytester, "-v")
     assert result.ret == pytest.ExitCode.INTERRUPTED
-    result.stdout.fnmatch_lines(["*KeyboardInterrupt on rank 1*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*rank 1 got KeyboardInterrupt during call, which ends the session*",
+            "*KeyboardInterrupt on rank 1*",
+        ]
+    )
     assert "test_never_runs PASSED" not in result.stdout.str()
 
 

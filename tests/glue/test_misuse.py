@@ -74,6 +74,10 @@ class Misuse:
     """Node ids the report's ``collectors`` must name (a collection error is kept though no test ran)."""
     report_world: int | str | None = "unchecked"
     """The report's ``environment.world_size``: null when no ranks test ran."""
+    report_ranks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Test name -> each rank's outcome in the report's per-rank entries."""
+    report_text: tuple[str, ...] = ()
+    """fnmatch patterns the report's phase texts (each phase's ``longrepr``) must hold, in order."""
     session: bool = False
     """Runs ranks tests: a session of its own in a subprocess (a usage error runs in this process)."""
     marks: tuple[Any, ...] = ()
@@ -276,34 +280,52 @@ CASES = [
     ),
     # -- a report that cannot be written at the end: a warning line, the summary and the status stay ---
     Misuse(
-        id="report-folder-gone",
-        args=("--sprite-report=out/report.json",),
+        # The report's folder and the plots' are each replaced by a file while the session runs.
+        id="report-and-plots-folders-gone",
+        args=("--sprite-report=out/report.json", "--sprite-plots=plots"),
         files={
             "test_gone.py": MODULE
             + """
-def test_replaces_the_folder():
+from pytest_sprite import record_assertion
+from pytest_sprite.assertions.parity import ArmParity, ParityResult
+
+def test_records_a_plot():
+    arm = ArmParity(label="ddp", arm="ddp", ranks=2, global_batch=4, accumulate=1, fault=None,
+                    strategy="XPUDDPStrategy", pre_norm_rel=7.5e-8, post_norm_rel=7.3e-8, update_rel_l2=1.3e-6,
+                    frozen_changed=0, frozen_total=26, failed=(),
+                    pre_norm_rel_steps=(1e-8, 7.5e-8), post_norm_rel_steps=(0.0, 7.3e-8))
+    record_assertion(ParityResult(rtol=1e-4, reference="ref", arms=(arm,)))
+
+def test_replaces_the_folders():
     import shutil
-    shutil.rmtree("out")
-    open("out", "w").close()
+    for folder in ("out", "plots"):
+        shutil.rmtree(folder, ignore_errors=True)
+        open(folder, "w").close()
 """
         },
-        lines=("sprite: warning: the JSON report was not written to out/report.json: *",),
+        lines=(
+            "sprite: warning: the JSON report was not written to out/report.json: *",
+            "sprite: warning: a plot (and those after it) was not written to plots: *",
+        ),
         ret=0,
-        outcomes={"passed": 3},
+        outcomes={"passed": 4},
         session=True,
     ),
     # -- bodies -----------------------------------------------------------------------------------------
     Misuse(
+        # Rank 0 would wait for ever: it ends only because it is told to stop (not after --rank-grace).
         id="pytest-exit-on-a-rank",
-        args=("--rank-grace=1",),
+        args=("--rank-grace=3600",),
         files={
             "test_exit.py": """
+                import time
                 import pytest
 
                 @pytest.mark.ranks(2)
                 def test_exits(world):
                     if world.rank == 1:
                         pytest.exit("enough", returncode=7)
+                    time.sleep(3600)
 
                 @pytest.mark.ranks(2)
                 def test_after():
@@ -314,6 +336,42 @@ def test_replaces_the_folder():
         ret=7,
         outcomes={"failed": 1},
         report=True,
+        report_ranks={"test_exits": ("ended", "interrupted")},
+        report_text=("[[]rank 1[]] rank 1 called pytest.exit('enough', returncode=7) during call*",),
+        session=True,
+    ),
+    Misuse(
+        # No fixture: the call starts right after setup, before an agent that relayed at leisure had sent
+        # setup's report on, and the loss was placed in setup.
+        id="rank-kills-its-own-agent",
+        files={
+            "test_kill.py": """
+                import os
+                import signal
+                import pytest
+
+                @pytest.mark.ranks(2)
+                def test_kills_its_agent():
+                    if os.environ["RANK"] == "1":
+                        os.kill(os.getppid(), signal.SIGKILL)
+
+                @pytest.mark.ranks(2)
+                def test_after():
+                    pass
+
+                def test_plain():
+                    pass
+                """
+        },
+        lines=(
+            "*rank 1: its rank agent was lost during call (*the agent was killed by signal 9 (SIGKILL)*",
+            "FAILED test_kill.py::test_kills_its_agent - [[]rank 1[]] *",
+        ),
+        ret=1,
+        outcomes={"failed": 1, "passed": 2},
+        report=True,
+        report_ranks={"test_after": ("passed", "passed")},  # rank 0 of the first: passed, or ended waiting
+        report_text=("[[]rank 1[]] rank 1: its rank agent was lost during call*",),
         session=True,
     ),
     # -- launch settings --------------------------------------------------------------------------------
@@ -340,17 +398,30 @@ def test_replaces_the_folder():
     ),
     # -- errors only one rank sees -----------------------------------------------------------------------
     Misuse(
-        id="mpiexec-conftest-only-rank-1-imports",
-        args=("--launcher=mpiexec", "--ranks=2", "--connect-timeout=300"),
+        # Ranks 1 and 2 fail together (each waits for the other's file first), each with its own error.
+        id="mpiexec-conftest-fails-on-ranks-1-and-2",
+        args=("--launcher=mpiexec", "--ranks=3", "--connect-timeout=300"),
         files={
             "conftest.py": """
                 import os
-                if os.environ.get("PMI_RANK") == "1":
-                    exec("x = (")
+                import time
+                rank = os.environ.get("PMI_RANK")
+                if rank in ("1", "2"):
+                    open(f"failing-{rank}", "w").close()
+                    deadline = time.monotonic() + 60
+                    while not all(os.path.exists(f"failing-{r}") for r in "12") and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    exec("x = (" if rank == "1" else "y = ]")
                 """,
-            "test_m.py": MODULE,
+            "test_m.py": MODULE.replace("ranks(2)", "ranks(3)").replace("== 2", "== 3"),
         },
-        lines=("*rank agent 1 failed before it could join the world*", "*SyntaxError*"),
+        lines=(
+            "*rank agents 1-2 failed before they could join the world, with 2 different errors:",
+            "--- rank agent 1 ---",
+            "*SyntaxError: '(' was never closed",
+            "--- rank agent 2 ---",
+            "*SyntaxError: unmatched ']'",
+        ),
         ret=INTERRUPTED,
         outcomes={"errors": 1},
         report=True,
@@ -358,22 +429,52 @@ def test_replaces_the_folder():
         marks=(needs_mpiexec,),
     ),
     Misuse(
-        id="torchrun-import-error-on-rank-1",
-        args=("--launcher=torchrun", "--ranks=2"),
+        id="mpiexec-import-error-on-ranks-1-and-2",
+        args=("--launcher=mpiexec", "--ranks=3"),
         files={
             "test_t.py": """
                 import os
                 import pytest
-                if os.environ.get("RANK") == "1":
+                if os.environ.get("PMI_RANK") in ("1", "2"):
                     import no_such_module_here
 
-                @pytest.mark.ranks(2)
+                @pytest.mark.ranks(3)
+                def test_one():
+                    pass
+
+                def test_plain():
+                    pass
+                """
+        },
+        lines=(
+            "*rank agents 1-2 could not collect what this process collected",
+            "error collecting test_t.py on rank agents 1-2:",
+            "*ModuleNotFoundError: No module named 'no_such_module_here'*",
+        ),
+        ret=INTERRUPTED,
+        outcomes={"errors": 1},
+        report=True,
+        session=True,
+        marks=(needs_mpiexec,),
+    ),
+    Misuse(
+        id="torchrun-import-error-on-ranks-1-and-2",
+        args=("--launcher=torchrun", "--ranks=3"),
+        files={
+            "test_t.py": """
+                import os
+                import pytest
+                if os.environ.get("RANK") in ("1", "2"):
+                    import no_such_module_here
+
+                @pytest.mark.ranks(3)
                 def test_one():
                     pass
                 """
         },
         lines=(
-            "*rank agent 1 could not collect what this process collected*",
+            "*rank agents 1-2 could not collect what this process collected",
+            "error collecting test_t.py on rank agents 1-2:",
             "*ModuleNotFoundError: No module named 'no_such_module_here'*",
         ),
         ret=INTERRUPTED,
@@ -416,6 +517,16 @@ def test_misuse(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, case
         assert [c["nodeid"] for c in document.get("collectors", [])] == list(case.report_collectors)
         if case.report_world != "unchecked":
             assert document["environment"]["world_size"] == case.report_world
+        tests = {test["nodeid"].rpartition("::")[2]: test for test in document["tests"]}
+        for name, ranks in case.report_ranks.items():
+            assert tuple(rank["outcome"] for rank in tests[name]["ranks"]) == ranks, tests[name]
+        texts = [
+            line
+            for test in document["tests"]
+            for phase in ("setup", "call", "teardown")
+            for line in str(test.get(phase, {}).get("longrepr", "")).splitlines()
+        ]
+        pytest.LineMatcher(texts).fnmatch_lines(list(case.report_text))
 
 
 def _check_report(path: Path, outcomes: Mapping[str, int], ret: int) -> dict[str, Any]:

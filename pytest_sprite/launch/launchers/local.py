@@ -69,6 +69,16 @@ class _ForkedAgents:
     def output_tail(self, lines: int = 40) -> str:
         return tail_of_file(self.request.log_path, lines, window=64 * 1024)
 
+    def exit_of(self, pid: int, within: float) -> int | None:
+        """How the forked agent ``pid`` ended (an exit code, or minus the signal that killed it), waiting
+        at most ``within`` seconds for it to end; None while it runs. Optional in a launch handle: a
+        launcher's own processes are the only ones whose end it can read."""
+        self._reap()
+        if pid in self.pids and pid not in self.status:
+            wait_for_exits([pid], within)
+            self._reap()
+        return self.status.get(pid)
+
     def terminate(self, grace: float = 5.0) -> None:
         self._reap()
         live = [pid for pid in self.pids if pid not in self.status]
