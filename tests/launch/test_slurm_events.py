@@ -10,7 +10,6 @@ the first ranks test fails with srun's own words.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -24,7 +23,6 @@ pytestmark = pytest.mark.cpu
 TIMEOUT = 180
 
 EVENT_TESTS = """
-import os
 import time
 from pathlib import Path
 
@@ -164,6 +162,15 @@ def test_node_lost_mid_test(
     assert "DUE TO NODE FAILURE" in output, output
 
 
+def check_refusal_reported(pytester: pytest.Pytester) -> None:
+    """Both reports were written, each with the ranks test that the refused launch could not run."""
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="test_four"' in junit, junit
+    report = json.loads((pytester.path / "report.json").read_text())
+    outcomes = {test["nodeid"]: test["outcome"] for test in report["tests"]}
+    assert outcomes == {"test_one.py::test_four": "error"}, report
+
+
 ONE_TEST = """
 import pytest
 
@@ -196,7 +203,7 @@ def test_srun_refuses_more_tasks_than_the_allocation(
             "*srun: error: Unable to create step for job *: More processors requested than permitted*",
         ]
     )
-    assert "test_four" in (pytester.path / "junit.xml").read_text()
+    check_refusal_reported(pytester)
     assert slurm.jobs() == []
 
 
@@ -210,4 +217,4 @@ def test_srun_outside_an_allocation(
     result.stdout.fnmatch_lines(
         ["*--launcher=srun: this pytest is not inside a Slurm allocation (SLURM_JOB_ID is not set)*"]
     )
-    assert os.path.exists(pytester.path / "report.json")
+    check_refusal_reported(pytester)
