@@ -72,10 +72,11 @@ def under_open_mpi(
         # refuses it), none for an unknown mpiexec (a LaunchError): only a launch told Open MPI passes
         f"--ppn={ranks}",
         "--rank-grace=2",
-        "--connect-timeout=60",
+        # a bound on agents starting on 2 loaded cores (60 s was too short at load 20), not a check
+        "--connect-timeout=240",
         "--pack=off",
         *args,
-        timeout=180,
+        timeout=420,
         flags=("-v",),
     )
 

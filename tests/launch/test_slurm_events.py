@@ -20,7 +20,7 @@ from sprite_testing import clear_rank_variables
 
 pytestmark = pytest.mark.cpu
 
-TIMEOUT = 180
+TIMEOUT = 420
 
 EVENT_TESTS = """
 import time
@@ -53,7 +53,8 @@ SESSION = (
     "--launcher=srun",
     "--ranks=2",
     "--pack=off",
-    "--connect-timeout=60",
+    # a bound on agents starting on 2 loaded cores (60 s was too short at load 20), not a check
+    "--connect-timeout=240",
     "--junitxml=junit.xml",
     "--sprite-report=report.json",
     "test_events.py",
@@ -92,14 +93,18 @@ def submit_session(pytester: pytest.Pytester, slurm: SlurmCluster, tag: str, *sb
 
 
 def check_stopped_with_reports(pytester: pytest.Pytester, slurm: SlurmCluster, job: str, tag: str) -> str:
-    """The session named SIGTERM, wrote both reports with test_first in them, and left nothing running."""
+    """The session named SIGTERM, wrote both reports with test_first in them, and left nothing running.
+
+    Slurm shows the job ended (CANCELLED, TIMEOUT, NODE_FAIL) as soon as it signals it, while the session
+    still stops and writes its reports: the output is read once the job's last process has gone.
+    """
+    slurm.wait_until(lambda: not processes_with(tag), f"no process of job {job} left", timeout=TIMEOUT)
     output = (pytester.path / "job.out").read_text()
     assert "pytest-sprite: the session got SIGTERM" in output, output
     junit = (pytester.path / "junit.xml").read_text()
     assert 'name="test_first"' in junit, junit
     report = json.loads((pytester.path / "report.json").read_text())
     assert "test_events.py::test_first" in json.dumps(report), report
-    slurm.wait_until(lambda: not processes_with(tag), f"no process of job {job} left")
     return output
 
 

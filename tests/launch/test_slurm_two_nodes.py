@@ -32,7 +32,7 @@ from pytest_sprite.launch.launchers.srun import allocation_tasks
 
 pytestmark = [pytest.mark.cpu, pytest.mark.slow]  # 60 s: two hosts, two slurmd, a 4-rank session
 
-TIMEOUT = 240
+TIMEOUT = 420
 MUNGE_SOCKET = "/tmp/sprite-munge.socket"
 """In each host's own /tmp: every host has its own munged, all with the run's key."""
 
@@ -220,7 +220,8 @@ def session(
             "-v",
             "--launcher=srun",
             "--ranks=4",
-            "--connect-timeout=60",
+            # a bound on agents starting on 2 loaded cores (60 s was too short at load 20), not a check
+            "--connect-timeout=240",
             *args,
         ],
         cwd,
