@@ -30,7 +30,7 @@ from sprite_testing import clear_rank_variables
 from pytest_sprite.hosts import Machine, cannot_make_hosts
 from pytest_sprite.launch.launchers.srun import allocation_tasks
 
-pytestmark = [pytest.mark.cpu, pytest.mark.slow]  # 60 s: two hosts, two slurmd, a 4-rank session
+pytestmark = pytest.mark.cpu
 
 TIMEOUT = 420
 MUNGE_SOCKET = "/tmp/sprite-munge.socket"
@@ -269,6 +269,7 @@ def test_two_ranks_on_each_of_two_slurm_nodes(two_nodes: TwoNodes, monkeypatch: 
     check_slurm_placed(layout_rows(work / "tmp"), {"host1": 2, "host2": 2})
 
 
+@pytest.mark.slow  # 10 s more: CI runs the 2 + 2 session; this one differs in the allocation only
 def test_ranks_follow_an_uneven_allocation(two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch) -> None:
     clear_rank_variables(monkeypatch)
     work = workdir(two_nodes, "uneven")
@@ -280,6 +281,7 @@ def test_ranks_follow_an_uneven_allocation(two_nodes: TwoNodes, monkeypatch: pyt
     check_slurm_placed(layout_rows(work / "tmp"), dict(zip(NODE_IDS, tasks, strict=True)))
 
 
+@pytest.mark.slow  # 5 s more; CI checks the refusal on the command line (test_launchers_commands.py)
 def test_a_ppn_the_allocation_cannot_hold_is_a_clear_error(
     two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,6 +302,7 @@ def test_a_ppn_the_allocation_cannot_hold_is_a_clear_error(
     )
 
 
+@pytest.mark.slow  # 10 s more; CI checks the same refusal on two hosts under mpiexec (tests/hosts)
 def test_a_basetemp_only_host1_sees_is_a_clear_error(
     two_nodes: TwoNodes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
