@@ -225,7 +225,14 @@ def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for names in LAUNCHER_VARIABLES.values():
         for name in names:
             monkeypatch.delenv(name, raising=False)
-    for name in ("SLURM_JOB_ID", "SLURM_JOB_NUM_NODES", "PBS_NODEFILE", "PBS_JOBID"):
+    for name in (
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_NNODES",
+        "SLURM_TASKS_PER_NODE",
+        "PBS_NODEFILE",
+        "PBS_JOBID",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 

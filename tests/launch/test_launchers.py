@@ -2,7 +2,8 @@
 
 mpiexec (MPICH's hydra) and torchrun run for real. pals runs against ``tests/fakes/pals/mpiexec`` (PALS's
 options and variables, MPICH underneath) and srun against ``tests/fakes/slurm/srun``, a stand-in that lays one
-host's tasks out as on two nodes (``test_slurm_real.py`` runs srun under a real one-node Slurm).
+host's tasks out as on two nodes (``test_slurm_real.py`` runs srun under a real one-node Slurm,
+``test_slurm_two_nodes.py`` under a real two-node one).
 Every session starts with stale rank variables of the launcher families it does not own in the controller's
 environment, as when pytest runs inside an sbatch script or under an outer torchrun: the launchers must keep
 them from the agents, or the agents would refuse to start.

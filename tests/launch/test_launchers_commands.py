@@ -28,7 +28,7 @@ from pytest_sprite.launch.launchers.mpiexec import (
     mpiexec_command,
 )
 from pytest_sprite.launch.launchers.pals import PalsLauncher, default_ppn, pals_command
-from pytest_sprite.launch.launchers.srun import SrunLauncher, srun_command
+from pytest_sprite.launch.launchers.srun import SrunLauncher, allocation_tasks, srun_command
 from pytest_sprite.launch.launchers.torchrun import TorchrunLauncher, torchrun_command
 
 pytestmark = pytest.mark.cpu
@@ -243,6 +243,52 @@ def test_srun_command_explicit_ppn_and_user_options() -> None:
         "--ntasks=3",
         "--kill-on-bad-exit=1",
     ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "tasks"),
+    [("2(x2)", (2, 2)), ("3,1", (3, 1)), ("4(x2),2", (4, 4, 2)), (" 8 ", (8,)), ("", None), ("2(x", None)],
+)
+def test_srun_reads_the_allocations_tasks_per_node(raw: str, tasks: tuple[int, ...] | None) -> None:
+    assert allocation_tasks({"SLURM_TASKS_PER_NODE": raw}) == tasks
+
+
+def test_srun_default_follows_an_uneven_allocation() -> None:
+    """``salloc -N2 -n4`` on shared nodes allocates 3+1 tasks: srun would run 3+1 whatever it is asked."""
+    uneven = {"SLURM_JOB_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "3,1"}
+    assert srun_command(request(4), program="srun", environ=uneven)[:3] == [
+        "srun",
+        "--ntasks=4",
+        "--kill-on-bad-exit=1",
+    ]
+    # what the allocation holds is still asked for: 1 a node, and 2 on the roomier node then 1
+    assert srun_command(request(2), program="srun", environ=uneven)[:4] == [
+        "srun", "--ntasks=2", "--nodes=2", "--ntasks-per-node=1",
+    ]  # fmt: skip
+    assert srun_command(request(3), program="srun", environ=uneven)[:4] == [
+        "srun", "--ntasks=3", "--nodes=2", "--ntasks-per-node=2",
+    ]  # fmt: skip
+    even = {"SLURM_JOB_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert srun_command(request(4), program="srun", environ=even)[:4] == [
+        "srun", "--ntasks=4", "--nodes=2", "--ntasks-per-node=2",
+    ]  # fmt: skip
+
+
+def test_srun_refuses_a_ppn_the_allocation_cannot_hold() -> None:
+    uneven = {"SLURM_JOB_NUM_NODES": "2", "SLURM_TASKS_PER_NODE": "3,1"}
+    with pytest.raises(LaunchError) as caught:
+        srun_command(request(4, ppn=2), program="srun", environ=uneven)
+    assert str(caught.value) == (
+        "--launcher=srun: --ppn=2 asks for 4 ranks at 2 a node on 2 nodes, but this allocation has 3+1 tasks "
+        "on its nodes (SLURM_TASKS_PER_NODE=3,1), and srun lays a step out within them, not at 2 a node. "
+        "Allocate 2 tasks a node (salloc -N2 --ntasks-per-node=2, or #SBATCH --ntasks-per-node=2), or drop "
+        "--ppn to follow the allocation's layout."
+    )
+    # held: 3 a node fits 3+1; a layout the user spells out is theirs; too few tasks in all is srun's to say
+    assert "--ntasks-per-node=3" in srun_command(request(4, ppn=3), program="srun", environ=uneven)
+    mine = request(4, ppn=2, args=("--ntasks-per-node=2", "--overcommit"))
+    assert srun_command(mine, program="srun", environ=uneven)[:3] == ["srun", "--ntasks=4", "--nodes=2"]
+    assert "--ntasks-per-node=2" in srun_command(request(8, ppn=2), program="srun", environ=uneven)
 
 
 def test_srun_needs_an_allocation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from engine_scenarios import EXPECTED, EXPECTED_LINES, SCENARIOS, verdicts
 from slurm_cluster import require
 from sprite_testing import clear_rank_variables, run_pytest
 
-from pytest_sprite.launch.launchers.mpiexec import detect_flavour
+from pytest_sprite.launch.launchers.mpiexec import MpiexecLauncher, detect_flavour
 
 pytestmark = pytest.mark.cpu
 
@@ -51,6 +51,10 @@ def test_open_mpi_is_told_by_its_version_not_its_name(open_mpi_first: Path) -> N
     assert mpiexec == str(open_mpi_first / "mpiexec")
     answer = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, check=True)
     assert detect_flavour(answer.stdout + answer.stderr) == "openmpi", answer.stdout
+    # the launcher itself: the program it finds is the link named mpiexec, its flavour Open MPI's
+    launcher = MpiexecLauncher()
+    launcher.check()
+    assert (launcher.program, launcher.flavour) == (mpiexec, "openmpi")
 
 
 def under_open_mpi(
@@ -68,10 +72,11 @@ def under_open_mpi(
         # refuses it), none for an unknown mpiexec (a LaunchError): only a launch told Open MPI passes
         f"--ppn={ranks}",
         "--rank-grace=2",
-        "--connect-timeout=60",
+        # a bound on agents starting on 2 loaded cores (60 s was too short at load 20), not a check
+        "--connect-timeout=240",
         "--pack=off",
         *args,
-        timeout=180,
+        timeout=420,
         flags=("-v",),
     )
 

@@ -34,7 +34,7 @@ def test_shipped_sbatch_script_on_cpu(
         "SPRITE_PYTHON": sys.executable,  # the login shell (#!/bin/bash -l) resets PATH
         "SPRITE_TESTS": "test_scenarios.py",
         "SPRITE_K": "test_passes",
-        "PYTEST_ADDOPTS": "-p no:cacheprovider -p no:hypothesispytest --rank-grace=2 --pack=off",
+        "PYTEST_ADDOPTS": "-p no:cacheprovider -p no:hypothesispytest --rank-grace=2 --pack=off --connect-timeout=240",
     }
     job = slurm.submit(
         [
@@ -47,7 +47,7 @@ def test_shipped_sbatch_script_on_cpu(
         ],
         cwd=pytester.path,
     )
-    ended = slurm.wait_job(job, timeout=240)
+    ended = slurm.wait_job(job, timeout=420)
     results = pytester.path / "sprite-results" / job
     output = (results / "pytest.txt").read_text() if (results / "pytest.txt").exists() else ""
     log = (pytester.path / f"sprite-{job}.out").read_text()
