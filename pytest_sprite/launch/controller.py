@@ -34,11 +34,6 @@ from ..plumbing.protocol import (
 from ..plumbing.timing import monotonic, wall
 from .debug_relay import DebugRelay
 from .early_failures import EarlyFailures
-from .mutant_runs import MutantRuns
-from .pool import AgentPool
-from .rank_end import RankEnd
-from .reporting import log_run, log_warnings, merge_run
-from .run_events import RunEvents
 from .item_runs import (
     _hypothesis_seed,
     _Run,
@@ -51,6 +46,11 @@ from .item_runs import (
     usable_cores,
     world_size_key,
 )
+from .mutant_runs import MutantRuns
+from .pool import AgentPool
+from .rank_end import RankEnd
+from .reporting import log_run, log_warnings, merge_run
+from .run_events import RunEvents
 from .schedule import Scheduler, Utilisation
 
 __all__ = ["Controller", "item_timeout", "item_world_size", "world_size_key"]
