@@ -1,9 +1,8 @@
 """The protocol between controller, rank agents and test children: the only place frames are made and read.
 
-A frame is a 4-byte big-endian length followed by a JSON object ``{"event": name, **payload}``.
-Children write frames to a pipe; their agent relays them unchanged over its socket, so the
-controller sees one ordered stream per rank. Every frame's payload is a TypedDict below; an
-unknown event name raises. Both sides import this module; it imports only stdlib.
+A frame is a 4-byte big-endian length and a JSON object ``{"event": name, **payload}``, written by children
+to a pipe and relayed unchanged by their agent: one ordered stream per rank. Each payload is a TypedDict
+below (a rank's stacks: ``stacks.py``'s records); an unknown event raises. Both sides import it; stdlib only.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ import socket
 import struct
 from collections.abc import Mapping
 from typing import Any, Final, Literal, NotRequired, TypedDict
+
+from .stacks import StacksPayload
 
 __all__ = [
     "AGENT_EVENTS",
@@ -259,7 +260,7 @@ class ChildExited(TypedDict):
     ended_by: EndedBy | None
     detail: str
     output_tail: str
-    stacks: str
+    stacks: StacksPayload
     leftovers: str
     """What a crashed or ended child left running and the agent ended (pid, command), or empty."""
     next_port: int | None
@@ -396,7 +397,7 @@ def child_exited(
     ended_by: EndedBy | None = None,
     detail: str = "",
     output_tail: str = "",
-    stacks: str = "",
+    stacks: StacksPayload | None = None,
     leftovers: str = "",
     next_port: int | None = None,
 ) -> ChildExited:
@@ -409,7 +410,7 @@ def child_exited(
         ended_by=ended_by,
         detail=detail,
         output_tail=output_tail,
-        stacks=stacks,
+        stacks=stacks if stacks is not None else {"threads": [], "missing": None},
         leftovers=leftovers,
         next_port=next_port,
     )

@@ -16,7 +16,7 @@ from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
 from pytest_sprite.launch.merge import merge_rank_reports
 from pytest_sprite.launch.rank_end import RankEnd
-from pytest_sprite.plumbing.stacks import no_stack_text
+from pytest_sprite.plumbing.stacks import Stacks, parse_stacks
 
 TIMEOUT = 300
 
@@ -59,14 +59,16 @@ def test_a_hang_at_96_ranks_reads_as_a_short_roll_call_naming_the_odd_rank() -> 
     per_rank = {r: [rep("setup")] for r in range(n)}
     detail = "after the 8s timeout (from @pytest.mark.ranks(timeout=...))"
     ends = {
-        r: RankEnd(rank=r, ended_by="timeout", detail=detail, stacks=SLEEPING if r == 1 else WAITING)
+        r: RankEnd(
+            rank=r, ended_by="timeout", detail=detail, stacks=parse_stacks(SLEEPING if r == 1 else WAITING)
+        )
         for r in range(n)
     }
     ends[57] = RankEnd(
         rank=57,
         ended_by="timeout",
         detail=detail,
-        stacks=no_stack_text("no answer to SIGUSR1 within 15s (state R)"),
+        stacks=Stacks(missing="no answer to SIGUSR1 within 15s (state R)"),
     )
     call = merged_text(per_rank, ends, n)["call"]
     text = str(call.longrepr)
@@ -148,7 +150,9 @@ def test_ranks_woken_by_the_end_of_a_peer_join_the_roll_call_even_if_they_finish
     detail = "after the 8s timeout (from @pytest.mark.ranks(timeout=...))"
     per_rank = {r: [rep("setup")] for r in range(4)}
     ends = {
-        r: RankEnd(rank=r, ended_by="timeout", detail=detail, stacks=SLEEPING if r == 1 else WAITING)
+        r: RankEnd(
+            rank=r, ended_by="timeout", detail=detail, stacks=parse_stacks(SLEEPING if r == 1 else WAITING)
+        )
         for r in range(4)
     }
     per_rank[2] += [crash, rep("teardown")]  # woken, then finished before its agent killed it
