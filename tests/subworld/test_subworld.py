@@ -225,6 +225,49 @@ def test_a_sub_world_rank_that_ran_a_fit_and_hangs_gives_its_stack() -> None:
     assert f"  ranks 0-1: elsewhere, in time.sleep (test_subworld.py:{HUNG_LINE})" in result.report()
 
 
+def fit_then_hang(world: Any) -> None:
+    """One step of a real Lightning fit (its signal connector puts every handler back at the end), then a hang."""
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Line(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rows = DataLoader(TensorDataset(torch.randn(4, 2), torch.randn(4, 1)), batch_size=2)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Line(), rows)
+    time.sleep(60)
+
+
+@pytest.mark.slow  # imports Lightning in the rank and fits: the fast sibling does what the fit does to signals
+def test_a_sub_world_rank_that_ran_a_real_lightning_fit_and_hangs_gives_its_stack() -> None:
+    result = run_subworld(fit_then_hang, ranks=1, timeout=30)
+    outcome = result.outcomes[0]
+    assert outcome.status == "timeout", outcome.describe() + outcome.output
+    assert outcome.signum == 9, "the timeout's kill ended it, not the dump signal"
+    assert any(f.function == "fit_then_hang" for t in outcome.stacks.threads for f in t.frames), (
+        outcome.output
+    )
+    assert "elsewhere, in time.sleep (test_subworld.py:" in result.report()
+
+
 def one_rank_silent(world: Any) -> None:
     """Rank 1 ignores the dump signal and sleeps; rank 0 waits for it in an all-reduce."""
     import signal
