@@ -389,32 +389,35 @@ def parse_frame(line: str) -> Frame | None:
     )
 
 
-def _title(line: str) -> ThreadStack:
+def _title(line: str) -> tuple[str, str]:
+    """A thread title's label and address: ``("Current thread", "0x00007f...")``, ``("Stack", "")``."""
     head = line.strip()[: -len(_TITLE_END)].strip()
     label, _, ident = head.rpartition(" ")
-    if label and ident.startswith("0x"):
-        return ThreadStack(label=label, ident=ident)
-    return ThreadStack(label=head)
+    return (label, ident) if label and ident.startswith("0x") else (head, "")
 
 
 def parse_stacks(text: str) -> Stacks:
     """A faulthandler dump's threads, each with its frames, most recent first (blank lines dropped)."""
-    threads: list[ThreadStack] = []
+    threads: list[tuple[str, str, list[Frame], list[str]]] = []
     for line in text.splitlines():
         if line.rstrip().endswith(_TITLE_END):
-            threads.append(_title(line))
+            threads.append((*_title(line), [], []))
             continue
         frame = parse_frame(line)
         if frame is None and not line.strip():
             continue
         if not threads:
-            threads.append(ThreadStack(label=""))
-        last = threads[-1]
+            threads.append(("", "", [], []))
         if frame is not None:
-            threads[-1] = dataclasses.replace(last, frames=(*last.frames, frame))
+            threads[-1][2].append(frame)
         else:
-            threads[-1] = dataclasses.replace(last, notes=(*last.notes, line.strip()))
-    return Stacks(threads=tuple(threads))
+            threads[-1][3].append(line.strip())
+    return Stacks(
+        threads=tuple(
+            ThreadStack(label=label, ident=ident, frames=tuple(frames), notes=tuple(notes))
+            for label, ident, frames, notes in threads
+        )
+    )
 
 
 def read_stacks(path: Path, *, window: int = 4 * 1024 * 1024) -> Stacks:
