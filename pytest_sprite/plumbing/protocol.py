@@ -1,8 +1,7 @@
 """The protocol between controller, rank agents and test children: the only place frames are made and read.
 
-A frame is a 4-byte big-endian length and a JSON object ``{"event": name, **payload}``, written by children
-to a pipe and relayed unchanged by their agent: one ordered stream per rank. Each payload is a TypedDict
-below (a rank's stacks: ``stacks.py``'s records); an unknown event raises. Both sides import it; stdlib only.
+A frame: a 4-byte big-endian length, then a JSON object ``{"event": name, **payload}`` (a TypedDict below);
+one ordered stream per rank, relayed unchanged by its agent; an unknown event raises. Stdlib only at run time.
 """
 
 from __future__ import annotations
@@ -13,9 +12,10 @@ import pickle
 import socket
 import struct
 from collections.abc import Mapping
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, NotRequired, TypedDict
 
-from .stacks import StacksPayload
+if TYPE_CHECKING:  # the records' shapes only: at run time this module imports the standard library alone
+    from .stacks import StacksPayload
 
 __all__ = [
     "AGENT_EVENTS",
