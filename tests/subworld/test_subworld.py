@@ -215,7 +215,8 @@ HUNG_LINE = hang_after_a_fit.__code__.co_firstlineno + 2
 def test_a_sub_world_rank_that_ran_a_fit_and_hangs_gives_its_stack() -> None:
     """A plain test's sub-world keeps its ranks' stack dumps as a ranks test's children do: the handlers a
     fit puts back do not turn the dump signal into a kill, so the timeout names where each rank hung."""
-    result = run_subworld(hang_after_a_fit, ranks=2, timeout=4)
+    # 8 s: time for both ranks to start, join and reach the hang on a loaded 2-core machine first.
+    result = run_subworld(hang_after_a_fit, ranks=2, timeout=8)
     for outcome in result.outcomes:
         assert outcome.status == "timeout", outcome.describe()
         assert outcome.signum == 9, "the timeout's kill ended it, not the dump signal"
@@ -258,7 +259,7 @@ def fit_then_hang(world: Any) -> None:
 
 @pytest.mark.slow  # imports Lightning in the rank and fits: the fast sibling does what the fit does to signals
 def test_a_sub_world_rank_that_ran_a_real_lightning_fit_and_hangs_gives_its_stack() -> None:
-    result = run_subworld(fit_then_hang, ranks=1, timeout=30)
+    result = run_subworld(fit_then_hang, ranks=1, timeout=60)  # the import and the fit come first
     outcome = result.outcomes[0]
     assert outcome.status == "timeout", outcome.describe() + outcome.output
     assert outcome.signum == 9, "the timeout's kill ended it, not the dump signal"
@@ -282,7 +283,7 @@ WAITING_LINE = one_rank_silent.__code__.co_firstlineno + 7
 
 
 def test_a_timed_out_sub_world_has_a_roll_call_and_says_why_a_rank_gave_no_stack() -> None:
-    result = run_subworld(one_rank_silent, ranks=2, timeout=4)
+    result = run_subworld(one_rank_silent, ranks=2, timeout=8)  # as above: both reach their place first
     assert [o.status for o in result.outcomes] == ["timeout", "timeout"]
     silent = result.outcomes[1].stacks.missing
     assert silent is not None and silent.startswith(
