@@ -283,11 +283,12 @@ WAITING_LINE = one_rank_silent.__code__.co_firstlineno + 7
 
 
 def test_a_timed_out_sub_world_has_a_roll_call_and_says_why_a_rank_gave_no_stack() -> None:
+    """As a ranks test's timeout: where each rank was, from its stack, and for the silent one why it gave none."""
     result = run_subworld(one_rank_silent, ranks=2, timeout=8)  # as above: both reach their place first
     assert [o.status for o in result.outcomes] == ["timeout", "timeout"]
     silent = result.outcomes[1].stacks.missing
     assert silent is not None and silent.startswith(
-        "the test replaced the SIGUSR1 handler that dumps its stack (state S (sleeping), "
+        "the test replaced the SIGUSR1 handler that dumps its stack (state "  # then what /proc says of it
     ), silent
     lines = result.report().splitlines()
     start = lines.index("where the 2 ranks were:")
