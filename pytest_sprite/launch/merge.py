@@ -352,7 +352,7 @@ def _roll_call_body(
     ends: dict[int, RankEnd], places: dict[int, Place], ended: list[int], stacks_took: float | None
 ) -> list[str]:
     lines = roll_call(places)
-    taken = [r for r in ended if ends[r].stacks.strip() and places[r].no_stack is None]
+    taken = [r for r in ended if ends[r].stacks.present and places[r].no_stack is None]
     if stacks_took is not None:
         lines[0] = (
             f"{lines[0][:-1]} (stacks of {len(taken)} of the {len(ended)} ranks ended, "

@@ -16,6 +16,7 @@ from pytest import TestReport
 
 from ..plumbing.collectives import waiting_collective
 from ..plumbing.protocol import EndedBy
+from ..plumbing.stacks import Stacks
 from ..plumbing.timing import wall
 
 __all__ = ["PHASES", "RankEnd", "describe_end", "held_until_end", "phase_in_progress", "signal_name"]
@@ -40,8 +41,8 @@ class RankEnd:
     """Human-readable context for ``ended_by`` (timeout value, which ranks failed first)."""
     output_tail: str = ""
     """The last lines the child printed (uncaptured output, captured output of the running phase)."""
-    stacks: str = ""
-    """Python stacks of every thread at the moment it was ended (faulthandler)."""
+    stacks: Stacks = field(default_factory=Stacks)
+    """Python stacks of every thread at the moment it was ended (faulthandler), as its agent read them."""
     interrupted: str = ""
     """What the rank did to end the session, when it did (``called pytest.exit('enough')``); empty otherwise."""
     ended_at: float = field(default_factory=wall, compare=False)
@@ -54,10 +55,11 @@ class RankEnd:
         return cls(
             rank=rank,
             interrupted=interrupted,
+            stacks=Stacks.from_dict(payload["stacks"]),
             **{
                 f.name: payload[f.name]
                 for f in dataclasses.fields(cls)
-                if f.name not in ("rank", "ended_at", "interrupted")
+                if f.name not in ("rank", "ended_at", "interrupted", "stacks")
             },
         )
 
@@ -111,8 +113,8 @@ def describe_end(end: RankEnd, phase: str) -> str:
     else:
         head = f"{who} exited with code {end.exitcode} during {phase} before reporting its result"
     parts = [head]
-    if end.stacks.strip():
-        parts.append(f"--- stacks of {who} (most recent call first) ---\n{end.stacks.rstrip()}")
+    if end.stacks.present:
+        parts.append(f"--- stacks of {who} (most recent call first) ---\n{end.stacks.text().rstrip()}")
     if end.output_tail.strip():
         parts.append(f"--- last output of {who} ---\n{end.output_tail.rstrip()}")
     return "\n".join(parts)

@@ -81,7 +81,8 @@ def rank_outcomes(
     agent was lost or could not run it) otherwise. The duration is the
     wall time the rank was held, the phase it never finished included (until its end was known).
     ``output`` is each phase's captured stdout, stderr and log; ``last_output``, for a rank that did not
-    end cleanly, the last lines its process wrote.
+    end cleanly, the last lines its process wrote; ``stacks``, for a rank whose stacks were taken (or
+    asked for and missing), its threads of frames as records, the same the terminal shows as text.
     """
     out = []
     for rank in range(world_size):
@@ -119,5 +120,7 @@ def rank_outcomes(
         }
         if not end.clean and end.output_tail.strip():
             entry["last_output"] = bounded(end.output_tail)
+        if end.stacks.present:
+            entry["stacks"] = end.stacks.to_dict()
         out.append(entry)
     return out

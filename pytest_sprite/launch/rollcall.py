@@ -10,16 +10,16 @@ waited in a collective is the cause; the peers' transport errors are its consequ
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from pytest import TestReport
 
-from ..plumbing.collectives import TRANSPORT_ERROR, Where, called_name, whereabouts
+from ..plumbing.collectives import TRANSPORT_ERROR, Where, called_in, called_name, whereabouts
 from ..plumbing.ranges import fold_ranks
-from ..plumbing.stacks import missing_stack, normalize_stacks
+from ..plumbing.roll_call import ROLL_CALL_PLACES, place_groups, roll_call_lines
+from ..plumbing.stacks import StacksKey
 
 __all__ = [
     "ROLL_CALL_PLACES",
@@ -33,9 +33,6 @@ __all__ = [
     "roll_call",
     "stacks_sections",
 ]
-
-ROLL_CALL_PLACES: Final = 7
-"""Places listed one a line; further ones are summed up in one more line (a roll call stays within 10 lines)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,8 +99,7 @@ def collective_of_failure(longrepr: Any) -> Where | None:
         return None
     path, line, lines = entries[(inside if inside is not None else len(entries)) - 1]
     marked = next((text[1:] for text in lines if text.startswith(">")), "")
-    found = re.search(r"([A-Za-z_][\w.]*)\s*\(", marked)
-    name = found[1] if found else called_name(path, line)
+    name = called_in(marked) or called_name(path, line)
     if name is None:
         return None
     name = name.rsplit(".", 1)[-1]
@@ -137,7 +133,7 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
     if end.ended_by in ("timeout", "peer_failed"):
         if finished and transport is not None:  # it failed as its peer left, and then waited for the others
             where = collective_of_failure(transport.longrepr)
-            if where is None and missing_stack(end.stacks) is None:
+            if where is None and end.stacks.missing is None:
                 found = whereabouts(end.stacks)
                 where = found if found is not None and found.collective is not None else None
             if woken and where is not None:
@@ -147,8 +143,8 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
         if finished:
             left = f"ended the test ({_own_outcome(reports)})"
             return Place(rank=rank, text=f"{left}; its process waited for the others", left=left)
-        reason = missing_stack(end.stacks)
-        if reason is not None or not end.stacks.strip():
+        reason = end.stacks.missing
+        if reason is not None or not end.stacks.threads:
             return Place(rank=rank, text="no stack (see below)", no_stack=reason or "none was taken")
         where = whereabouts(end.stacks)
         if where is None:
@@ -201,10 +197,7 @@ def rank_places(
 
 
 def _groups(places: dict[int, Place]) -> list[tuple[list[int], str]]:
-    by_text: dict[str, list[int]] = {}
-    for rank in sorted(places):
-        by_text.setdefault(places[rank].text, []).append(rank)
-    return sorted(((ranks, text) for text, ranks in by_text.items()), key=lambda g: g[0][0])
+    return place_groups({r: p.text for r, p in places.items()})
 
 
 def _was(ranks: Sequence[int]) -> str:
@@ -239,17 +232,7 @@ def cause_sentence(places: dict[int, Place]) -> tuple[list[int], str] | None:
 
 def roll_call(places: dict[int, Place]) -> list[str]:
     """``where the N ranks were:`` and one line per place, ranks folded, the odd ones marked; at most 9 lines."""
-    groups = _groups(places)
-    largest = max(len(ranks) for ranks, _ in groups)
-    lines = [f"where the {len(places)} ranks were:"]
-    for ranks, text in groups[:ROLL_CALL_PLACES]:
-        odd = "  <- odd one out" if len(groups) > 1 and len(ranks) < largest and len(ranks) <= 2 else ""
-        lines.append(f"  {fold_ranks(ranks)}: {text}{odd}")
-    rest = groups[ROLL_CALL_PLACES:]
-    if rest:
-        more = [r for ranks, _ in rest for r in ranks]
-        lines.append(f"  ... {len(rest)} more places: {fold_ranks(more)} (their stacks below)")
-    return lines
+    return roll_call_lines({r: p.text for r, p in places.items()})
 
 
 def odd_ones(places: dict[int, Place]) -> str:
@@ -266,17 +249,16 @@ def stacks_sections(
     ends: dict[int, Any], ranks: Sequence[int], places: dict[int, Place] | None = None
 ) -> list[str]:
     """One ``--- stacks of ranks 0, 2-3 ---`` section per distinct stack, then the ranks without one and why."""
-    by_stack: dict[str, tuple[list[int], str]] = {}
+    by_stack: dict[StacksKey, tuple[list[int], str]] = {}
     missing: list[tuple[int, str]] = []
     for rank in sorted(ranks):
         end = ends.get(rank)
-        if end is None or not end.stacks.strip() or (places is not None and places[rank].left is not None):
+        if end is None or not end.stacks.present or (places is not None and places[rank].left is not None):
             continue  # a rank that had ended the test waited in the harness: its stack says nothing
-        reason = missing_stack(end.stacks)
-        if reason is not None:
-            missing.append((rank, reason))
+        if end.stacks.missing is not None:
+            missing.append((rank, end.stacks.missing))
             continue
-        by_stack.setdefault(normalize_stacks(end.stacks), ([], end.stacks.rstrip()))[0].append(rank)
+        by_stack.setdefault(end.stacks.key(), ([], end.stacks.text().rstrip()))[0].append(rank)
     out = [
         f"--- stacks of {fold_ranks(rs)} (most recent call first) ---\n{text}"
         for rs, text in sorted(by_stack.values(), key=lambda g: g[0][0])

@@ -1,23 +1,25 @@
 """What a rank's collectives say about a failure: the one it waits in, and a mismatch in short.
 
-Pure functions over a rank's stacks (read by :mod:`pytest_sprite.plumbing.stacks`) and torch's collective fingerprint error, so a timeout
-report can name the collective each rank waits in and where each rank is (:func:`whereabouts`, for the
-roll call), and a ``--collective-check`` failure shows each rank's op, shapes, dtypes and
-sequence number on one line. Stdlib only; both sides import it.
+Pure functions over a rank's stack records (:class:`~pytest_sprite.plumbing.stacks.Stacks`, read once
+where the dump was written) and torch's collective fingerprint error, so a timeout report can name the
+collective each rank waits in and where each rank is (:func:`whereabouts`, for the roll call), and a
+``--collective-check`` failure shows each rank's op, shapes, dtypes and sequence number on one line. Stdlib only; both sides import it.
 """
 
 from __future__ import annotations
 
 import linecache
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from .stacks import Frame, parse_threads
+from .stacks import Frame, Stacks
 
 __all__ = [
     "TRANSPORT_ERROR",
     "Where",
+    "called_in",
     "called_name",
     "is_library",
     "mismatch_summary",
@@ -38,22 +40,23 @@ _FINGERPRINT: Final = re.compile(
 )
 
 
-def waiting_collective(stacks: str) -> str | None:
+def waiting_collective(stacks: Stacks) -> str | None:
     """``"all_reduce (called at test_x.py:12)"`` when a thread of ``stacks`` waits in torch.distributed.
 
-    ``stacks`` is a faulthandler dump (most recent call first); the innermost public function of
-    ``torch/distributed/`` in a thread is the collective, the first frame outside it the caller.
-    None when no thread is inside torch.distributed.
+    Each thread's frames are most recent first; the innermost public function of ``torch/distributed/``
+    in a thread is the collective, the first frame outside it the caller. None when no thread is inside
+    torch.distributed.
     """
-    for thread in parse_threads(stacks):
-        found = _collective_in(thread)
+    for thread in stacks.with_frames():
+        frames = thread.frames
+        found = _collective_in(frames)
         if found is None:
             continue
         collective, i = found
-        caller = next((f for f in thread[i + 1 :] if "/torch/distributed/" not in f.path), None)
+        caller = next((f for f in frames[i + 1 :] if "/torch/distributed/" not in f.file), None)
         if caller is None:
             return collective
-        return f"{collective} (called at {caller.path.rsplit('/', 1)[-1]}:{caller.line})"
+        return f"{collective} (called at {caller.file.rsplit('/', 1)[-1]}:{caller.line})"
     return None
 
 
@@ -88,10 +91,15 @@ def is_library(path: str) -> bool:
 _CALL: Final = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 
 
-def called_name(path: str, line: int) -> str | None:
-    """The first function a source line calls (``time.sleep`` for ``time.sleep(60)``), None when unreadable."""
-    found = _CALL.search(linecache.getline(path, line))
+def called_in(source: str) -> str | None:
+    """The first function a line of source calls (``time.sleep`` for ``time.sleep(60)``), None when none."""
+    found = _CALL.search(source)
     return found[1] if found else None
+
+
+def called_name(path: str, line: int) -> str | None:
+    """The first function line ``line`` of file ``path`` calls, None when it calls none or is unreadable."""
+    return called_in(linecache.getline(path, line))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,13 +109,14 @@ class Where:
     collective: str | None
     """The torch.distributed function a thread waits in, None when none does."""
     path: str
-    line: int
+    line: int | None
+    """None where faulthandler could not tell."""
     callee: str | None
     """What the user frame calls (from its source line, else the next frame's function)."""
 
     @property
     def at(self) -> str:
-        return f"{self.path.rsplit('/', 1)[-1]}:{self.line}"
+        return f"{self.path.rsplit('/', 1)[-1]}:{'???' if self.line is None else self.line}"
 
     def text(self) -> str:
         """``waiting in all_reduce (test.py:9)`` or ``elsewhere, in time.sleep (test.py:11)``."""
@@ -118,26 +127,30 @@ class Where:
         return f"elsewhere ({self.at})"
 
 
-def _collective_in(thread: list[Frame]) -> tuple[str, int] | None:
+def _collective_in(thread: Sequence[Frame]) -> tuple[str, int] | None:
     """The innermost public torch.distributed function of ``thread`` and its index, None if none."""
     for i, frame in enumerate(thread):
-        if "/torch/distributed/" in frame.path and not frame.func.startswith("_") and frame.func != "wrapper":
-            return frame.func, i
+        if (
+            "/torch/distributed/" in frame.file
+            and not frame.function.startswith("_")
+            and frame.function != "wrapper"
+        ):
+            return frame.function, i
     return None
 
 
-def _user_frame(thread: list[Frame], start: int) -> int | None:
+def _user_frame(thread: Sequence[Frame], start: int) -> int | None:
     """Index of the first frame of user code at or after ``start`` (outward), None when there is none."""
-    return next((i for i in range(start, len(thread)) if not is_library(thread[i].path)), None)
+    return next((i for i in range(start, len(thread)) if not is_library(thread[i].file)), None)
 
 
-def whereabouts(stacks: str) -> Where | None:
-    """Where the rank whose faulthandler dump is ``stacks`` was, None when no thread shows a frame.
+def whereabouts(stacks: Stacks) -> Where | None:
+    """Where the rank whose stacks are ``stacks`` was, None when no thread shows a frame.
 
     The thread waiting in a collective speaks for the rank; else the main thread (the one whose
     outermost frame is a module's), else the first with user code.
     """
-    threads = parse_threads(stacks)
+    threads = [t.frames for t in stacks.with_frames()]
     if not threads:
         return None
     for thread in threads:
@@ -146,15 +159,17 @@ def whereabouts(stacks: str) -> Where | None:
             collective, i = found
             user = _user_frame(thread, i + 1)
             if user is None:
-                user = next((j for j in range(i + 1, len(thread)) if "/torch/" not in thread[j].path), i)
+                user = next((j for j in range(i + 1, len(thread)) if "/torch/" not in thread[j].file), i)
             frame = thread[user]
-            return Where(collective=collective, path=frame.path, line=frame.line, callee=collective)
+            return Where(collective=collective, path=frame.file, line=frame.line, callee=collective)
     with_user = [t for t in threads if _user_frame(t, 0) is not None]
-    main = [t for t in with_user if t[-1].func == "<module>"]
+    main = [t for t in with_user if t[-1].function == "<module>"]
     thread = (main or with_user or threads)[0]
     user = _user_frame(thread, 0)
     if user is None:
         user = 0
     frame = thread[user]
-    callee = called_name(frame.path, frame.line) or (thread[user - 1].func if user > 0 else None)
-    return Where(collective=None, path=frame.path, line=frame.line, callee=callee)
+    callee = (called_name(frame.file, frame.line) if frame.line is not None else None) or (
+        thread[user - 1].function if user > 0 else None
+    )
+    return Where(collective=None, path=frame.file, line=frame.line, callee=callee)

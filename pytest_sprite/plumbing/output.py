@@ -8,37 +8,25 @@ test's line that called the collective, not print the source and docstring of ``
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
+
+from .stacks import is_harness, parse_frame
 
 __all__ = ["hide_library_frames", "strip_harness_frames", "tail_of_file"]
 
 
-def _harness_dirs() -> list[str]:
-    """Where the harness's own packages (rank side, controller side) are installed; found, not imported."""
-    dirs = []
-    for name in ("pytest_sprite.rank", "pytest_sprite.launch"):
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations is not None:
-            dirs += [os.path.realpath(d) for d in spec.submodule_search_locations]
-            dirs += [d for d in spec.submodule_search_locations if d not in dirs]
-    return dirs
-
-
-_HARNESS: Final = re.compile(
-    r'^\s*File "(?:[^"]*/(?:pluggy|_pytest)/[^"]*|'
-    + "|".join(re.escape(d) + r"/[^\"]*" for d in _harness_dirs())
-    + r'|<frozen runpy>|[^"]*/pytest/__main__\.py)", line \d+'
-)
-
-
 def strip_harness_frames(text: str) -> str:
-    """``text`` without faulthandler frame lines that belong to pytest, pluggy or the sprite harness."""
-    return "\n".join(line for line in text.splitlines() if not _HARNESS.match(line))
+    """``text`` without the faulthandler frame lines of pytest, pluggy or the sprite harness (a crash's dump
+    in a rank's output), each line read by the one frame reader of :mod:`pytest_sprite.plumbing.stacks`."""
+    return "\n".join(line for line in text.splitlines() if not _harness_line(line))
+
+
+def _harness_line(line: str) -> bool:
+    frame = parse_frame(line)
+    return frame is not None and is_harness(frame)
 
 
 def tail_of_file(

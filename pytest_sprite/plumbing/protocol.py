@@ -1,9 +1,7 @@
 """The protocol between controller, rank agents and test children: the only place frames are made and read.
 
-A frame is a 4-byte big-endian length followed by a JSON object ``{"event": name, **payload}``.
-Children write frames to a pipe; their agent relays them unchanged over its socket, so the
-controller sees one ordered stream per rank. Every frame's payload is a TypedDict below; an
-unknown event name raises. Both sides import this module; it imports only stdlib.
+A frame: a 4-byte big-endian length, then a JSON object ``{"event": name, **payload}`` (a TypedDict below);
+one ordered stream per rank, relayed unchanged by its agent; an unknown event raises. Stdlib only at run time.
 """
 
 from __future__ import annotations
@@ -14,7 +12,10 @@ import pickle
 import socket
 import struct
 from collections.abc import Mapping
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, NotRequired, TypedDict
+
+if TYPE_CHECKING:  # the records' shapes only: at run time this module imports the standard library alone
+    from .stacks import StacksPayload
 
 __all__ = [
     "AGENT_EVENTS",
@@ -139,8 +140,7 @@ class Abort(TypedDict):
     """``abort``: end the child (a timeout, or a peer that failed), in two phases over all of a test's agents.
 
     First ``kill=False``: take the child's stacks and answer ``stacks_taken``; then, once every agent of the
-    test answered, ``kill=True``. So no rank is killed while a peer's stack is still to be taken: the kill
-    would break the peer's collective and end it before its stack shows where it waited.
+    test answered, ``kill=True``: no rank is killed while a peer's stack is still to be taken.
     """
 
     run_id: int
@@ -260,7 +260,7 @@ class ChildExited(TypedDict):
     ended_by: EndedBy | None
     detail: str
     output_tail: str
-    stacks: str
+    stacks: StacksPayload
     leftovers: str
     """What a crashed or ended child left running and the agent ended (pid, command), or empty."""
     next_port: int | None
@@ -397,7 +397,7 @@ def child_exited(
     ended_by: EndedBy | None = None,
     detail: str = "",
     output_tail: str = "",
-    stacks: str = "",
+    stacks: StacksPayload | None = None,
     leftovers: str = "",
     next_port: int | None = None,
 ) -> ChildExited:
@@ -410,7 +410,7 @@ def child_exited(
         ended_by=ended_by,
         detail=detail,
         output_tail=output_tail,
-        stacks=stacks,
+        stacks=stacks if stacks is not None else {"threads": [], "missing": None},
         leftovers=leftovers,
         next_port=next_port,
     )

@@ -11,23 +11,28 @@ The one place the harness deals with stacks, for ranks tests and sub-worlds alik
 - On a loaded machine (96 ranks on a few cores) a process may take seconds to run the handler:
   :func:`take_stacks_of` signals every process first, waits for all of them together, and for one that
   gives no stack says why, with its state from ``/proc``.
-- A dump is faulthandler's text; :func:`parse_threads` reads it once into :class:`Frame` records (file,
-  line, function), which every reader of stacks (the collective a rank waits in, where it was) uses.
+- A dump is faulthandler's text; :func:`read_stacks` reads it once, next to the process that wrote it, into
+  :class:`Stacks` of :class:`ThreadStack` of :class:`Frame` records (file, line, function). The records
+  cross the protocol and reach the reports as they are; every reader of stacks (the collective a rank
+  waits in, where it was, the harness's own frames, the text the user reads) works on them, and
+  faulthandler's text is never parsed again downstream.
 
 Stdlib only; both sides import it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import functools
+import importlib.util
 import os
 import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeAlias, TypedDict
 
 from .timing import monotonic, sleep
 
@@ -36,12 +41,19 @@ __all__ = [
     "STACK_SIGNAL",
     "STACK_WAIT",
     "Frame",
+    "FramePayload",
+    "Stacks",
+    "StacksKey",
+    "StacksPayload",
+    "ThreadPayload",
+    "ThreadStack",
+    "is_harness",
     "keep_stack_dumps",
-    "missing_stack",
     "no_stack_text",
-    "normalize_stacks",
-    "parse_threads",
+    "parse_frame",
+    "parse_stacks",
     "proc_state",
+    "read_stacks",
     "take_stacks",
     "take_stacks_of",
 ]
@@ -203,50 +215,252 @@ def take_stacks(pid: int, path: Path, *, wait: float = STACK_WAIT) -> str:
     return take_stacks_of([(pid, path)], wait=wait)[pid]
 
 
+class FramePayload(TypedDict):
+    """One frame of a rank's stack (:class:`Frame` on the wire)."""
+
+    file: str
+    line: int | None
+    function: str
+
+
+class ThreadPayload(TypedDict):
+    """One thread of a rank's stack: its title's label and address, its frames, faulthandler's other lines."""
+
+    label: str
+    ident: str
+    frames: list[FramePayload]
+    notes: list[str]
+
+
+class StacksPayload(TypedDict):
+    """A rank's stacks as records, read once by its agent (:class:`Stacks` on the wire, in ``child_exited``)."""
+
+    threads: list[ThreadPayload]
+    missing: str | None
+    """Why none could be taken when they were asked for."""
+
+
 @dataclass(frozen=True)
 class Frame:
-    """One frame of a stack: its file, line and function."""
+    """One frame of a stack, as faulthandler wrote it: its file, line and function."""
 
-    path: str
-    line: int
-    func: str
+    file: str
+    line: int | None
+    """None where faulthandler could not tell (it writes ``???``)."""
+    function: str
+
+    def text(self) -> str:
+        """The frame's line in faulthandler's words: ``  File "t.py", line 9 in test_x``."""
+        file = self.file if self.file == _UNKNOWN else f'"{self.file}"'
+        line = _UNKNOWN if self.line is None else str(self.line)
+        return f"  File {file}, line {line} in {self.function}"
+
+    def to_dict(self) -> FramePayload:
+        return FramePayload(file=self.file, line=self.line, function=self.function)
 
 
-_FRAME: Final = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread of a dump: its title (``Current thread 0x...``) and its frames, most recent first."""
+
+    label: str
+    """``Current thread``, ``Thread`` or ``Stack``; empty when the dump gave the frames no title."""
+    ident: str = ""
+    """The thread's address (``0x00007f...``): it differs between processes, so ranks compare without it."""
+    frames: tuple[Frame, ...] = ()
+    notes: tuple[str, ...] = ()
+    """faulthandler's other lines after the frames: ``<no Python frame>``, ``...`` for a stack cut at 100 frames."""
+
+    @property
+    def title(self) -> str:
+        """The thread's first line as faulthandler wrote it, empty when it had none."""
+        if not self.label:
+            return ""
+        return f"{self.label} {self.ident} {_TITLE_END}" if self.ident else f"{self.label} {_TITLE_END}"
+
+    def text(self) -> str:
+        lines = [self.title] if self.title else []
+        return "\n".join(lines + [f.text() for f in self.frames] + [f"  {n}" for n in self.notes])
+
+    def to_dict(self) -> ThreadPayload:
+        return ThreadPayload(
+            label=self.label,
+            ident=self.ident,
+            frames=[f.to_dict() for f in self.frames],
+            notes=list(self.notes),
+        )
 
 
-def parse_threads(stacks: str) -> list[list[Frame]]:
-    """The threads of a faulthandler dump, each a list of frames, most recent first; threads without frames left out."""
-    threads: list[list[Frame]] = []
-    current: list[Frame] | None = None
-    for text in stacks.splitlines():
-        if "(most recent call first)" in text:
-            current = []
-            threads.append(current)
+@dataclass(frozen=True)
+class Stacks:
+    """A process's stacks, read once where its dump was written; or why none could be taken.
+
+    What crosses from the agent to the controller (``child_exited``), is kept with a rank's end, read by
+    the roll call and the collective readers, shown in the terminal (:meth:`text`) and written to the JSON
+    report (:meth:`to_dict`). Empty (no threads, nothing missing) when none was asked for.
+    """
+
+    threads: tuple[ThreadStack, ...] = ()
+    missing: str | None = None
+    """Why no stack could be taken when one was asked for (``no answer to SIGUSR1 within 15s``)."""
+
+    @property
+    def present(self) -> bool:
+        """A stack was taken, or asked for and its absence explained: there is something to show."""
+        return bool(self.threads) or self.missing is not None
+
+    def with_frames(self) -> list[ThreadStack]:
+        """The threads that show at least one frame."""
+        return [t for t in self.threads if t.frames]
+
+    def text(self) -> str:
+        """What the user reads: faulthandler's text of every thread, or ``sprite: no stack: why``, or ""."""
+        if self.missing is not None:
+            return no_stack_text(self.missing)
+        return "\n\n".join(t.text() for t in self.threads)
+
+    def key(self) -> StacksKey:
+        """What two ranks' stacks are compared by: every thread without its address."""
+        return tuple((t.label, t.frames, t.notes) for t in self.threads)
+
+    def without_harness(self) -> Stacks:
+        """These stacks without the frames of pytest, pluggy and the sprite harness (see :func:`is_harness`)."""
+        return dataclasses.replace(
+            self,
+            threads=tuple(
+                dataclasses.replace(t, frames=tuple(f for f in t.frames if not is_harness(f)))
+                for t in self.threads
+            ),
+        )
+
+    def last_lines(self, lines: int) -> Stacks:
+        """These stacks cut to about the last ``lines`` lines of their text (whole threads, the last one cut)."""
+        kept: list[ThreadStack] = []
+        room = lines
+        for thread in reversed(self.threads):
+            if room <= 0:
+                break
+            size = (1 if thread.label else 0) + len(thread.frames) + len(thread.notes)
+            if size > room:
+                thread = dataclasses.replace(thread, frames=thread.frames[: max(0, room - 1)], notes=())
+            kept.insert(0, thread)
+            room -= size + 1
+        return dataclasses.replace(self, threads=tuple(kept))
+
+    def to_dict(self) -> StacksPayload:
+        return StacksPayload(threads=[t.to_dict() for t in self.threads], missing=self.missing)
+
+    @classmethod
+    def from_dict(cls, data: StacksPayload) -> Stacks:
+        return cls(
+            threads=tuple(
+                ThreadStack(
+                    label=t["label"],
+                    ident=t["ident"],
+                    frames=tuple(Frame(f["file"], f["line"], f["function"]) for f in t["frames"]),
+                    notes=tuple(t["notes"]),
+                )
+                for t in data["threads"]
+            ),
+            missing=data["missing"],
+        )
+
+
+StacksKey: TypeAlias = tuple[tuple[str, tuple[Frame, ...], tuple[str, ...]], ...]
+"""Stacks as compared between ranks (:meth:`Stacks.key`)."""
+
+_UNKNOWN: Final = "???"
+_TITLE_END: Final = "(most recent call first):"
+_FRAME: Final = re.compile(
+    r'^\s*File (?:"(?P<file>[^"]*)"|\?\?\?), line (?P<line>\d+|\?\?\?) in (?P<function>.+?)\s*$'
+)
+
+
+def parse_frame(line: str) -> Frame | None:
+    """The frame a faulthandler line names, None for any other line (the one reader of its frame lines)."""
+    found = _FRAME.match(line)
+    if found is None:
+        return None
+    number = found["line"]
+    return Frame(
+        found["file"] if found["file"] is not None else _UNKNOWN,
+        None if number == _UNKNOWN else int(number),
+        found["function"],
+    )
+
+
+def _title(line: str) -> tuple[str, str]:
+    """A thread title's label and address: ``("Current thread", "0x00007f...")``, ``("Stack", "")``."""
+    head = line.strip()[: -len(_TITLE_END)].strip()
+    label, _, ident = head.rpartition(" ")
+    return (label, ident) if label and ident.startswith("0x") else (head, "")
+
+
+def parse_stacks(text: str) -> Stacks:
+    """A faulthandler dump's threads, each with its frames, most recent first (blank lines dropped)."""
+    threads: list[tuple[str, str, list[Frame], list[str]]] = []
+    for line in text.splitlines():
+        if line.rstrip().endswith(_TITLE_END):
+            threads.append((*_title(line), [], []))
             continue
-        frame = _FRAME.match(text)
-        if frame is None:
+        frame = parse_frame(line)
+        if frame is None and not line.strip():
             continue
-        if current is None:
-            current = []
-            threads.append(current)
-        current.append(Frame(frame["path"], int(frame["line"]), frame["func"]))
-    return [t for t in threads if t]
+        if not threads:
+            threads.append(("", "", [], []))
+        if frame is not None:
+            threads[-1][2].append(frame)
+        else:
+            threads[-1][3].append(line.strip())
+    return Stacks(
+        threads=tuple(
+            ThreadStack(label=label, ident=ident, frames=tuple(frames), notes=tuple(notes))
+            for label, ident, frames, notes in threads
+        )
+    )
 
 
-_ADDRESS: Final = re.compile(r"0x[0-9a-fA-F]+")
+def read_stacks(path: Path, *, window: int = 4 * 1024 * 1024) -> Stacks:
+    """The stacks a process dumped into ``path`` (its last ``window`` bytes), read once, next to the process."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - window))
+            return parse_stacks(fh.read().decode("utf-8", errors="replace"))
+    except OSError:
+        return Stacks()
 
 
-def normalize_stacks(stacks: str) -> str:
-    """``stacks`` as compared between ranks: thread addresses and blank lines dropped."""
-    return "\n".join(_ADDRESS.sub("0x...", line.rstrip()) for line in stacks.splitlines() if line.strip())
+def _harness_dirs() -> tuple[str, ...]:
+    """Where the harness's own packages (rank side, controller side) are installed; found, not imported."""
+    dirs: list[str] = []
+    for name in ("pytest_sprite.rank", "pytest_sprite.launch"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            for d in [
+                *map(os.path.realpath, spec.submodule_search_locations),
+                *spec.submodule_search_locations,
+            ]:
+                if d not in dirs:
+                    dirs.append(d)
+    return tuple(d + "/" for d in dirs)
+
+
+_HARNESS_DIRS: Final = _harness_dirs()
+
+
+def is_harness(frame: Frame) -> bool:
+    """True for a frame of pytest, pluggy, runpy or the sprite harness (its rank and launch packages)."""
+    file = frame.file
+    return (
+        "/pluggy/" in file
+        or "/_pytest/" in file
+        or file == "<frozen runpy>"
+        or file.endswith("/pytest/__main__.py")
+        or file.startswith(_HARNESS_DIRS)
+    )
 
 
 def no_stack_text(reason: str) -> str:
     """The stacks field of a rank whose stack could not be taken, saying why."""
     return f"{NO_STACK}{reason}"
-
-
-def missing_stack(stacks: str) -> str | None:
-    """Why a rank has no stack (see :func:`no_stack_text`), None when it has one or was not asked."""
-    return stacks[len(NO_STACK) :].strip() if stacks.startswith(NO_STACK) else None

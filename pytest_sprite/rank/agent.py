@@ -24,7 +24,7 @@ import pytest
 
 from ..glue.pytest_internals import fresh_session_state
 from ..plumbing.coverage import agent_started
-from ..plumbing.output import hide_library_frames, strip_harness_frames, tail_of_file
+from ..plumbing.output import hide_library_frames, tail_of_file
 from ..plumbing.process import collapse_heap_once
 from ..plumbing.protocol import (
     CHILD_DONE,
@@ -38,7 +38,7 @@ from ..plumbing.protocol import (
     recv_frame,
     send_frame,
 )
-from ..plumbing.stacks import keep_stack_dumps, no_stack_text, take_stacks
+from ..plumbing.stacks import Stacks, keep_stack_dumps, read_stacks, take_stacks
 from ..plumbing.timing import monotonic, sleep
 from ..subworld import Pristine
 from ..subworld.join import store_listener
@@ -431,7 +431,7 @@ class Agent:
         if child.ended_by is None:
             self._child_ended(child, exitcode=0)
         else:
-            stacks = self._stacks(child)
+            stacks = self._stacks(child).to_dict()
             self._child_ended(child, exitcode=0, ended_by=child.ended_by, detail=child.detail, stacks=stacks)
 
     def _reap_exiting(self, *, block: bool = False) -> None:
@@ -498,16 +498,15 @@ class Agent:
             ended_by=child.ended_by,
             detail=child.detail,
             output_tail="\n".join(tails),
-            stacks=stacks,
+            stacks=stacks.to_dict(),
             leftovers=describe_leftovers(self.rank, ended) if ended else "",
         )
 
-    def _stacks(self, child: _Child) -> str:
-        """The stacks the abort took (harness frames left out), or why there are none when it was ended."""
-        stacks_file = child.run_dir / "stacks.txt"
-        stacks = strip_harness_frames(stacks_file.read_text(errors="replace")) if stacks_file.exists() else ""
-        if child.ended_by is not None and not stacks.strip():
-            stacks = no_stack_text(child.no_stack or "the dump was empty")
+    def _stacks(self, child: _Child) -> Stacks:
+        """The stacks the abort took, read once here (harness frames left out); or why none when it was ended."""
+        stacks = read_stacks(child.run_dir / "stacks.txt").without_harness()
+        if child.ended_by is not None and not stacks.threads:
+            stacks = Stacks(missing=child.no_stack or "the dump was empty")
         return stacks
 
     def _child_ended(self, child: _Child, **end: Any) -> None:

@@ -27,7 +27,7 @@ from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.placement import place
 from pytest_sprite.plumbing.process import wait_status
 from pytest_sprite.plumbing.protocol import ObjectReader
-from pytest_sprite.plumbing.stacks import no_stack_text, take_stacks_of
+from pytest_sprite.plumbing.stacks import Stacks, read_stacks, take_stacks_of
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, store_listener, tcp_store
@@ -116,8 +116,11 @@ def _outcome(h: _Hosted, run_dir: Path) -> RankOutcome:
     if h.killed_at is not None:
         return RankOutcome(status="killed", killed_at=h.killed_at, **common)
     if h.timed_out:
-        stacks = tail_of_file(run_dir / f"rank{h.rank}.stacks", _TAIL) or no_stack_text(h.no_stack)
-        return RankOutcome(status="timeout", error=h.ended, output=f"{output}\n{stacks}".strip(), **common)
+        stacks = read_stacks(run_dir / f"rank{h.rank}.stacks").last_lines(_TAIL)
+        if not stacks.threads:
+            stacks = Stacks(missing=h.no_stack or "the dump was empty")
+        shown = f"{output}\n{stacks.text()}".strip()
+        return RankOutcome(status="timeout", error=h.ended, output=shown, stacks=stacks, **common)
     if h.error:
         return RankOutcome(status="raised", error=h.error, output=output, **common)
     if h.ended:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_sprite.errors import SpriteError
+from pytest_sprite.plumbing.collectives import whereabouts
 from pytest_sprite.plumbing.process import exit_text
 from pytest_sprite.plumbing.ranges import fold_ranks
+from pytest_sprite.plumbing.roll_call import roll_call_lines
+from pytest_sprite.plumbing.stacks import Stacks
 
 from .plan import KillPoint
 
@@ -41,6 +44,8 @@ class RankOutcome:
     """Exit status, if it exited."""
     output: str = ""
     """Tail of what the rank printed (and its stacks on a timeout)."""
+    stacks: Stacks = field(default_factory=Stacks)
+    """Its stacks when the timeout took them (threads of frames: file, line, function), or why none came."""
 
     @property
     def ok(self) -> bool:
@@ -65,6 +70,18 @@ class RankOutcome:
         if self.status == "crashed":
             return f"crashed ({exit_text(self.exitcode, self.signum)})"
         return f"{self.status}: {self.error}" if self.error else self.status
+
+    def place(self) -> str:
+        """Where the rank was when the sub-world ended, for the roll call: ``waiting in all_reduce (f.py:9)``.
+
+        A rank that timed out is placed by its stack (no stack: why none came); any other by how it ended.
+        """
+        if self.status != "timeout":
+            return self.describe()
+        if self.stacks.missing is not None:
+            return f"no stack: {self.stacks.missing}"
+        where = whereabouts(self.stacks)
+        return where.text() if where is not None else "no frame of its own in its stack"
 
 
 class SubworldError(SpriteError, RuntimeError):
@@ -115,6 +132,10 @@ class SubworldResult:
             groups.setdefault(o.describe(), []).append(o.rank)
         lines = [f"sub-world {self.name} ({self.size} rank{'s' if self.size != 1 else ''}):"]
         lines += [f"  {fold_ranks(ranks)}: {what}" for what, ranks in groups.items()]
+        if any(
+            o.status == "timeout" for o in self.outcomes
+        ):  # where each was, as a ranks test's timeout says
+            lines += roll_call_lines({o.rank: o.place() for o in self.outcomes})
         for o in self.outcomes:
             if o.status in ("raised", "crashed", "timeout") and (o.error or o.output):
                 lines.append(f"--- rank {o.rank} ---")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,8 @@ from pytest_sprite.glue.options import settings_key
 from pytest_sprite.launch.controller import item_timeout
 from pytest_sprite.launch.merge import merge_rank_reports
 from pytest_sprite.launch.rank_end import RankEnd
-from pytest_sprite.plumbing.stacks import no_stack_text
+from pytest_sprite.plumbing.collectives import waiting_collective
+from pytest_sprite.plumbing.stacks import Frame, Stacks, is_harness, parse_stacks
 
 TIMEOUT = 300
 
@@ -59,14 +62,16 @@ def test_a_hang_at_96_ranks_reads_as_a_short_roll_call_naming_the_odd_rank() -> 
     per_rank = {r: [rep("setup")] for r in range(n)}
     detail = "after the 8s timeout (from @pytest.mark.ranks(timeout=...))"
     ends = {
-        r: RankEnd(rank=r, ended_by="timeout", detail=detail, stacks=SLEEPING if r == 1 else WAITING)
+        r: RankEnd(
+            rank=r, ended_by="timeout", detail=detail, stacks=parse_stacks(SLEEPING if r == 1 else WAITING)
+        )
         for r in range(n)
     }
     ends[57] = RankEnd(
         rank=57,
         ended_by="timeout",
         detail=detail,
-        stacks=no_stack_text("no answer to SIGUSR1 within 15s (state R)"),
+        stacks=Stacks(missing="no answer to SIGUSR1 within 15s (state R)"),
     )
     call = merged_text(per_rank, ends, n)["call"]
     text = str(call.longrepr)
@@ -148,7 +153,9 @@ def test_ranks_woken_by_the_end_of_a_peer_join_the_roll_call_even_if_they_finish
     detail = "after the 8s timeout (from @pytest.mark.ranks(timeout=...))"
     per_rank = {r: [rep("setup")] for r in range(4)}
     ends = {
-        r: RankEnd(rank=r, ended_by="timeout", detail=detail, stacks=SLEEPING if r == 1 else WAITING)
+        r: RankEnd(
+            rank=r, ended_by="timeout", detail=detail, stacks=parse_stacks(SLEEPING if r == 1 else WAITING)
+        )
         for r in range(4)
     }
     per_rank[2] += [crash, rep("teardown")]  # woken, then finished before its agent killed it
@@ -245,7 +252,27 @@ def check_suite(result: pytest.RunResult, ranks: int, hang_timeout: int) -> None
 
 @pytest.mark.cpu
 def test_diagnosis_at_4_ranks(pytester: pytest.Pytester) -> None:
-    check_suite(run_suite(pytester, 4, 8), 4, 8)
+    check_suite(run_suite(pytester, 4, 8, "--sprite-report=report.json"), 4, 8)
+    check_stacks_in_the_json_report(pytester.path / "report.json")
+
+
+def check_stacks_in_the_json_report(path: Path) -> None:
+    """Each hung rank's stacks reach the JSON report as the records the terminal's text is made from."""
+    import jsonschema
+
+    from pytest_sprite.report.json_report import load_schema
+
+    document = json.loads(path.read_text())
+    jsonschema.validate(document, load_schema())
+    hang = next(t for t in document["tests"] if "test_hang" in t["nodeid"])
+    stacks = {entry["rank"]: Stacks.from_dict(entry["stacks"]) for entry in hang["ranks"]}
+    sleeper = [f for t in stacks[1].threads for f in t.frames]
+    assert Frame(str(path.parent / "test_suite.py"), 11, "test_hang") in sleeper
+    assert not any(is_harness(f) for f in sleeper)
+    for rank in (0, 2, 3):
+        assert waiting_collective(stacks[rank]) == "all_reduce (called at test_suite.py:9)"
+    passed = next(t for t in document["tests"] if "test_passes" in t["nodeid"])
+    assert all("stacks" not in entry for entry in passed["ranks"])
 
 
 @pytest.mark.cpu

@@ -8,6 +8,7 @@ from _pytest.reports import TestReport
 from pytest_sprite.launch.merge import merge_rank_reports
 from pytest_sprite.launch.rank_end import RankEnd, phase_in_progress
 from pytest_sprite.plumbing.ranges import fold_ranks
+from pytest_sprite.plumbing.stacks import parse_stacks
 
 pytestmark = pytest.mark.cpu
 
@@ -147,7 +148,7 @@ def test_timeout_and_peer_failure_texts_carry_the_stacks() -> None:
             rank=0,
             ended_by="peer_failed",
             detail="5s after rank 1 failed (--rank-grace)",
-            stacks='File "t.py", line 9 in barrier',
+            stacks=parse_stacks('File "t.py", line 9 in barrier'),
         ),
         1: RankEnd(rank=1, exitcode=0),
     }

@@ -1,10 +1,11 @@
-"""Collective names from stacks and torch's mismatch error, without processes (issue 9)."""
+"""Collective names from stack records and torch's mismatch error, without processes."""
 
 from __future__ import annotations
 
 import pytest
 
 from pytest_sprite.plumbing.collectives import mismatch_summary, waiting_collective
+from pytest_sprite.plumbing.stacks import parse_stacks
 
 pytestmark = pytest.mark.cpu
 
@@ -31,13 +32,15 @@ MISMATCH = (
 
 
 def test_the_collective_a_rank_waits_in_and_its_caller() -> None:
-    assert waiting_collective(HANGING) == "all_reduce (called at test_sync.py:12)"
+    assert waiting_collective(parse_stacks(HANGING)) == "all_reduce (called at test_sync.py:12)"
 
 
 def test_a_rank_outside_torch_distributed_waits_in_nothing() -> None:
     assert (
         waiting_collective(
-            'Current thread 0x1 (most recent call first):\n  File "/t/test_x.py", line 9 in run\n'
+            parse_stacks(
+                'Current thread 0x1 (most recent call first):\n  File "/t/test_x.py", line 9 in run\n'
+            )
         )
         is None
     )
@@ -50,7 +53,7 @@ def test_a_barrier_through_the_world_names_the_barrier() -> None:
         f'  File "{SITE}/c10d_logger.py", line 83 in wrapper\n'
         '  File "/src/pytest_sprite/world.py", line 70 in barrier\n'
     )
-    assert waiting_collective(stacks) == "barrier (called at world.py:70)"
+    assert waiting_collective(parse_stacks(stacks)) == "barrier (called at world.py:70)"
 
 
 def test_mismatch_in_one_line_per_rank() -> None:

@@ -50,7 +50,7 @@ def test_frames_round_trip_over_a_socket() -> None:
                 "ended_by": None,
                 "detail": "",
                 "output_tail": "",
-                "stacks": "",
+                "stacks": {"threads": [], "missing": None},
                 "leftovers": "",
                 "next_port": 4242,
             },

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from pytest_sprite import KillAt, SubworldError, run_subworld
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.stacks import Frame
 from pytest_sprite.subworld import KillPoint, emit, in_subworld, kill_point
 
 pytestmark = pytest.mark.cpu
@@ -185,22 +186,117 @@ def test_a_hung_sub_world_times_out_with_its_stacks() -> None:
     assert result.wall_s < 30
 
 
-def hang_after_a_handler_reset(world: Any) -> None:
-    """What Lightning's signal connector does at the end of every fit: put back the handler that
-    ``signal.getsignal`` reported, SIG_DFL for the signal faulthandler holds at the C level."""
+def restore_signals_as_a_lightning_fit_does() -> None:
+    """What Lightning's ``_SignalConnector`` does to signals around every ``Trainer.fit``.
+
+    ``register_signal_handlers`` reads every valid signal's handler with ``signal.getsignal`` and installs
+    its own SIGTERM handler; ``teardown``, at the end of the fit, puts back every handler it read that is
+    not None with ``signal.signal``: SIG_DFL for the dump signal and the fatal ones, which faulthandler
+    holds at the C level where ``getsignal`` does not see it.
+    """
     import signal
 
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    valid = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+    originals = {signum: signal.getsignal(signum) for signum in valid}
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    for signum, handler in originals.items():
+        if handler is not None:
+            signal.signal(signum, handler)
+
+
+def hang_after_a_fit(world: Any) -> None:
+    restore_signals_as_a_lightning_fit_does()
     time.sleep(60)
 
 
-def test_a_sub_world_rank_that_reset_its_signal_handlers_still_gives_its_stacks() -> None:
-    """A sub-world from a plain test keeps its ranks' stack dumps as a ranks test's children do: the reset
-    is undone, so the timeout takes the stack instead of killing the rank with the dump signal."""
-    result = run_subworld(hang_after_a_handler_reset, ranks=2, timeout=4)
+HUNG_LINE = hang_after_a_fit.__code__.co_firstlineno + 2
+
+
+def test_a_sub_world_rank_that_ran_a_fit_and_hangs_gives_its_stack() -> None:
+    """A plain test's sub-world keeps its ranks' stack dumps as a ranks test's children do: the handlers a
+    fit puts back do not turn the dump signal into a kill, so the timeout names where each rank hung."""
+    # 8 s: time for both ranks to start, join and reach the hang on a loaded 2-core machine first.
+    result = run_subworld(hang_after_a_fit, ranks=2, timeout=8)
     for outcome in result.outcomes:
         assert outcome.status == "timeout", outcome.describe()
-        assert "in hang_after_a_handler_reset" in outcome.output
+        assert outcome.signum == 9, "the timeout's kill ended it, not the dump signal"
+        assert f'File "{__file__}", line {HUNG_LINE} in hang_after_a_fit' in outcome.output
+        frames = [f for t in outcome.stacks.threads for f in t.frames]
+        assert Frame(__file__, HUNG_LINE, "hang_after_a_fit") in frames
+    assert f"  ranks 0-1: elsewhere, in time.sleep (test_subworld.py:{HUNG_LINE})" in result.report()
+
+
+def fit_then_hang(world: Any) -> None:
+    """One step of a real Lightning fit (its signal connector puts every handler back at the end), then a hang."""
+    import lightning.pytorch as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Line(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    rows = DataLoader(TensorDataset(torch.randn(4, 2), torch.randn(4, 1)), batch_size=2)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Line(), rows)
+    time.sleep(60)
+
+
+@pytest.mark.slow  # imports Lightning in the rank and fits: the fast sibling does what the fit does to signals
+def test_a_sub_world_rank_that_ran_a_real_lightning_fit_and_hangs_gives_its_stack() -> None:
+    result = run_subworld(fit_then_hang, ranks=1, timeout=60)  # the import and the fit come first
+    outcome = result.outcomes[0]
+    assert outcome.status == "timeout", outcome.describe() + outcome.output
+    assert outcome.signum == 9, "the timeout's kill ended it, not the dump signal"
+    assert any(f.function == "fit_then_hang" for t in outcome.stacks.threads for f in t.frames), (
+        outcome.output
+    )
+    assert "elsewhere, in time.sleep (test_subworld.py:" in result.report()
+
+
+def one_rank_silent(world: Any) -> None:
+    """Rank 1 ignores the dump signal and sleeps; rank 0 waits for it in an all-reduce."""
+    import signal
+
+    if world.rank == 1:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        time.sleep(60)
+    dist.all_reduce(torch.ones(1))
+
+
+WAITING_LINE = one_rank_silent.__code__.co_firstlineno + 7
+
+
+def test_a_timed_out_sub_world_has_a_roll_call_and_says_why_a_rank_gave_no_stack() -> None:
+    """As a ranks test's timeout: where each rank was, from its stack, and for the silent one why it gave none."""
+    result = run_subworld(one_rank_silent, ranks=2, timeout=8)  # as above: both reach their place first
+    assert [o.status for o in result.outcomes] == ["timeout", "timeout"]
+    silent = result.outcomes[1].stacks.missing
+    assert silent is not None and silent.startswith(
+        "the test replaced the SIGUSR1 handler that dumps its stack (state "  # then what /proc says of it
+    ), silent
+    lines = result.report().splitlines()
+    start = lines.index("where the 2 ranks were:")
+    assert lines[start + 1 : start + 3] == [
+        f"  rank 0: waiting in all_reduce (test_subworld.py:{WAITING_LINE})",
+        f"  rank 1: no stack: {silent}",
+    ]
+    assert f"sprite: no stack: {silent}" in result.outcomes[1].output
 
 
 def test_bad_arguments_are_refused() -> None:
