@@ -1,8 +1,8 @@
-"""The LightningModule both arm kits start from: a recipe's model, its rows and the fault planted into it.
+"""The LightningModule the arm runner starts from: a recipe's model, its rows and the fault planted into it.
 
 Every arm, FP32 or BF16, calls each :class:`~pytest_sprite.faults.Planter` hook at its point of the step;
 the hooks that act on the module itself (which trainables gradient sync leaves out) live here, once.
-Loaded only with ``_arm`` and ``_bf16_arm`` (it imports Lightning at the top).
+Loaded only with ``_arm`` (it imports Lightning at the top).
 """
 
 from __future__ import annotations
