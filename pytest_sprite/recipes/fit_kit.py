@@ -50,7 +50,6 @@ __all__ = [
     "full_tensor",
     "full_values",
     "gather_shards",
-    "global_norm",
     "lightning_kwargs",
     "make_trainer",
     "node_layout",
@@ -374,20 +373,6 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def global_norm(params: list[torch.nn.Parameter]) -> float:
-    """L2 norm over every gradient, in float64; one collective when the gradients are DTensors."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad.detach().to(torch.float64) for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    sharded = [isinstance(g, DTensor) for g in grads]
-    if all(sharded) or not any(sharded):
-        return float(full_tensor(torch.nn.utils.get_total_norm(grads, norm_type=2.0)).cpu())
-    total: float = sum(float(full_tensor(g).pow(2).sum()) for g in grads)  # a mix: whole values one by one
-    return float(total**0.5)
 
 
 def norm_of(values: list[torch.Tensor]) -> float:
