@@ -26,16 +26,20 @@ of sharded state comes from one gather (``full_many``) and every norm from one f
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, default_collate
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.faults import Planter, PlantSite, plant
 from pytest_sprite.plumbing.dependency_internals import (
     ddp_comm_hook_names,
+    ddp_ignore_parameters,
     ddp_logging_data,
     fsdp_mixed_precision,
 )
@@ -48,16 +52,21 @@ from pytest_sprite.recipes._arm_precision import (
     StepTrace,
     Trace,
 )
-from pytest_sprite.recipes._planted import PlantedModule, arm_strategy, check_steps, fit_planted, planted_at
 from pytest_sprite.recipes.fit_kit import (
     ArmRecipe,
     HookedSGD,
+    IndexedRows,
     arm_record_fields,
     check_loss,
+    collate_indexed,
     data_parallel_part,
+    fit_numerics,
     frozen,
     full_many,
+    lightning_kwargs,
+    make_trainer,
     norm_of,
+    shard_batches,
     share_from_rank0,
     strategy_name,
     trainable,
@@ -86,18 +95,35 @@ class ArmFit:
     """A Lightning strategy instance that replaces the arm's own (None: the arm's)."""
 
 
-class _ArmModule(PlantedModule):
-    """Any arm as a LightningModule that writes what this rank sees into a :class:`Trace`."""
+class _ArmModule(pl.LightningModule):
+    """Any arm as a LightningModule: ``fit``'s model trained on its rows by ``world_size`` ranks, with
+    ``planter``'s fault at ``site``, writing what this rank sees into a :class:`Trace`."""
 
-    def __init__(self, *, fit: ArmFit, kind: str, rank: int, micro_batch: int, **planted: Any) -> None:
-        super().__init__(recipe=fit.recipe, net=fit.model, rows=fit.rows, **planted)
+    def __init__(
+        self,
+        *,
+        fit: ArmFit,
+        kind: str,
+        rank: int,
+        world_size: int,
+        micro_batch: int,
+        planter: Planter,
+        site: PlantSite,
+    ) -> None:
+        super().__init__()
+        self.net = fit.model
         self.trace = Trace()
+        self._recipe = fit.recipe
+        self._rows = fit.rows
         self._plan = fit.plan
         self._sites = fit.sites
         self._world = fit.world
         self._kind = kind
         self._rank = rank
+        self._world_size = world_size
         self._micro_batch = micro_batch
+        self._planter = planter
+        self._site = site
         self._watch = fit.plan.family.watches_steps
         self._step = StepTrace()
         self._linear: dict[_LinearKey, int] = {}
@@ -107,15 +133,30 @@ class _ArmModule(PlantedModule):
     # --- setup ---------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:
-        self.leave_unsynchronized(self._sites.adapters, ddp=self._kind == "ddp")
+        # The planter's unsynchronized hook, before the strategy wraps the model: the trainables it names are
+        # left out of a ddp arm's gradient sync, so they keep their local gradients (the bug local-adapter
+        # plants); other arms have no sync to leave.
+        unsynchronized = self._planter.unsynchronized(self._sites.adapters, self._site)
+        if unsynchronized and self._kind == "ddp":
+            ddp_ignore_parameters(self, [f"net.{name}" for name in unsynchronized])
         if self._kind != "fsdp":
             return
         mesh = self.device_mesh if self.device_mesh is not None else data_parallel_mesh(self._world)
         self._recipe.shard(self.net, data_parallel_part(mesh, require=True))
 
     def train_dataloader(self) -> DataLoader[Any]:
-        replicas, rank = self.sampler_place()
-        return self.row_loader(replicas=replicas, rank=rank, micro_batch=self._micro_batch)
+        """This rank's rows as :func:`shard_batches` deals them to the rank and replica count the strategy's
+        distributed sampler reports: indexed, in order."""
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
+        batches = shard_batches(
+            total_rows=len(self._rows),
+            num_replicas=int(kwargs.get("num_replicas", 1)),
+            rank=int(kwargs.get("rank", 0)),
+            micro_batch=self._micro_batch,
+        )
+        return DataLoader(
+            IndexedRows(self._rows), batch_sampler=batches, collate_fn=collate_indexed, num_workers=0
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return HookedSGD(
@@ -385,38 +426,42 @@ def _fit(fit: ArmFit) -> Trace:
     kind = plan.arm if plan.arm in ("ddp", "fsdp", *SPLIT_ARMS) else "single"
     distributed = kind in ("ddp", "fsdp")
     world_size, rank = (world.size, world.rank) if distributed else (1, 0)
-    planter, site = planted_at(
-        plan.fault,
-        arm=plan.arm,
-        rank=rank,
-        world_size=world_size,
-        accumulate=plan.accumulate,
-        precision=plan.precision,
+    site = PlantSite(
+        arm=plan.arm, rank=rank, world_size=world_size, accumulate=plan.accumulate, precision=plan.precision
     )
     module = _ArmModule(
         fit=fit,
         kind=kind,
         rank=rank,
-        micro_batch=ident.global_batch // (world_size * plan.accumulate),
         world_size=world_size,
-        planter=planter,
+        micro_batch=ident.global_batch // (world_size * plan.accumulate),
+        planter=plant(plan.fault, site),  # the registry refuses a wrong arm
         site=site,
     )
-    strategy = arm_strategy(kind if distributed else "single", world, plan.precision, fit.strategy)
+    strategy = lightning_kwargs(kind if distributed else "single", world, plan.precision)
+    if fit.strategy is not None:
+        strategy["strategy"] = fit.strategy
     # manual optimization (the split arms) clips in the step, through the precision plugin
     clip = ident.clip if module.automatic_optimization else None
-    fit_planted(module, strategy, steps=ident.steps, clip=clip, accumulate=plan.accumulate)
-    steps = module.trace.mine.steps
-    missing = [s for s, step in enumerate(steps) if not step.rows or step.pre is None]
-    check_steps(
-        plan.arm,
-        world.rank,
-        took=len(steps),
-        steps=ident.steps,
-        complete=not missing,
-        detail=f" (steps {missing} without their rows or pre-clip norm)" if missing else "",
-    )
+    with tempfile.TemporaryDirectory(prefix="sprite-arm-") as root, fit_numerics():
+        trainer = make_trainer(
+            strategy, root=root, max_epochs=1, max_steps=ident.steps, clip=clip, accumulate=plan.accumulate
+        )
+        trainer.fit(module)
+    _check_steps(plan.arm, world.rank, module.trace.mine.steps, ident.steps)
     return module.trace
+
+
+def _check_steps(arm: str, rank: int, steps: list[StepTrace], want: int) -> None:
+    """Refuse a fit whose strategy skipped or added optimizer steps, or one whose steps lack their rows or
+    pre-clip norm: the records would not line up."""
+    missing = [s for s, step in enumerate(steps) if not step.rows or step.pre is None]
+    if len(steps) != want or missing:
+        detail = f" (steps {missing} without their rows or pre-clip norm)" if missing else ""
+        raise RuntimeError(
+            f"arm {arm!r} on rank {rank} took {len(steps)} optimizer steps{detail}, the recipe asks for {want}; "
+            "the strategy skipped or added optimizer steps"
+        )
 
 
 def _record(fit: ArmFit, trace: Trace, per_rank: list[RankTrace]) -> ArmRecord | Bf16ArmRecord:
