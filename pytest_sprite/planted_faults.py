@@ -57,14 +57,17 @@ class PlantSite:
 class Planter:
     """How a fault breaks a run. Override the hooks where the fault acts; every default leaves the run clean.
 
-    The hooks, in the order a training step reaches them (an arm calls every hook it has a point for):
+    The hooks, in the order a training step reaches them (every arm, FP32 or BF16, calls each of the first six
+    at its point; the checkpoint resume role calls :meth:`after_restore`):
 
     - :meth:`check`: before anything trains, refuse a run the fault cannot be planted in;
-    - :meth:`unsynchronized`: before the strategy wraps the model, trainables to leave out of gradient sync;
-    - :meth:`forward_context`: around the model's forward (the BF16 arms: around the recipe's backbone) (e.g.
-      leave the precision plugin's autocast);
-    - :meth:`loss`: this rank's micro-batch loss, before backward;
-    - :meth:`gradients`: after the gradients are synchronized across ranks, before clipping;
+    - :meth:`unsynchronized`: before the strategy wraps the model, trainables (the recipe's adapter tensor) to
+      leave out of gradient sync;
+    - :meth:`forward_context`: around every forward of the recipe's backbone (the whole model when it names
+      none) (e.g. leave the precision plugin's autocast);
+    - :meth:`loss`: this rank's micro-batch loss (a split arm: each emulated shard's), before backward;
+    - :meth:`gradients`: after the gradients are synchronized across ranks (a split arm: summed over its
+      shards), before clipping;
     - :meth:`skip_step`: whether this rank skips the optimizer step;
     - :meth:`after_restore`: right after a checkpoint restore (weights, optimizer, LR schedulers).
     """

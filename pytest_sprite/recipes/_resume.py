@@ -35,9 +35,10 @@ from pytest_sprite.recipes.fit_kit import (
     collate_indexed,
     data_parallel_part,
     fit_numerics,
-    global_norm,
+    full_many,
     lightning_kwargs,
     make_trainer,
+    norm_of,
 )
 from pytest_sprite.recipes.mesh import data_parallel_mesh
 from pytest_sprite.recipes.resolve import build_model
@@ -188,7 +189,8 @@ class _ResumeModule(pl.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self._pending.pre = global_norm(self._trainables())
+        grads = [p.grad.detach() for p in self._trainables() if p.grad is not None]
+        self._pending.pre = norm_of(full_many(grads))
         self._pending.lr = float(optimizer.param_groups[0]["lr"])
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -1,6 +1,6 @@
 """The fit kit: what every Lightning fit of a recipe shares, written once.
 
-The FP32 parity arms (``_arm``), criterion v2's BF16 arms (``_bf16_arm``), the checkpoint-resume roles
+The arm runner (``_arm``: FP32 parity and criterion v2's BF16 arms alike), the checkpoint-resume roles
 (``resume_fit``) and the crash-matrix target (``pytest_sprite.save_crashes.lora``) all train a recipe's model with a
 real Lightning fit. What they share lives here: the numerics set-up (TF32 off, highest-precision FP32
 matmuls) and Lightning's silenced banners, the Trainer with the arguments every fit passes (the one place a
@@ -50,7 +50,6 @@ __all__ = [
     "full_tensor",
     "full_values",
     "gather_shards",
-    "global_norm",
     "lightning_kwargs",
     "make_trainer",
     "node_layout",
@@ -63,6 +62,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 # -------------------------------------------------------------------------------------------------------
@@ -375,22 +375,9 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def global_norm(params: list[torch.nn.Parameter]) -> float:
-    """L2 norm over every gradient, in float64; one collective when the gradients are DTensors."""
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad.detach().to(torch.float64) for p in params if p.grad is not None]
-    if not grads:
-        return 0.0
-    sharded = [isinstance(g, DTensor) for g in grads]
-    if all(sharded) or not any(sharded):
-        return float(full_tensor(torch.nn.utils.get_total_norm(grads, norm_type=2.0)).cpu())
-    total: float = sum(float(full_tensor(g).pow(2).sum()) for g in grads)  # a mix: whole values one by one
-    return float(total**0.5)
-
-
 def norm_of(values: list[torch.Tensor]) -> float:
-    """Global L2 norm of whole (gathered) tensors in float64, computed alike on every rank."""
+    """The global L2 norm of whole (gathered) tensors, as criterion v2 defines the pre-clip global gradient norm:
+    the square root of the sum of every element's square, summed in float64; computed alike on every rank."""
     if not values:
         return 0.0
     total = sum(float(v.detach().to(torch.float64).pow(2).sum()) for v in values)
@@ -511,15 +498,13 @@ def gather_shards(local: list[torch.Tensor], size: int) -> list[list[torch.Tenso
 # one record on every rank
 
 
-def share_from_rank0(
-    world: World, trace: T, *, summary: Mapping[str, Any], shared: Sequence[str]
-) -> tuple[list[dict[str, Any]], T]:
-    """Every rank's ``summary`` (rank order), and ``trace`` with its ``shared`` fields set to rank 0's.
+def share_from_rank0(world: World, trace: T, *, own: S, shared: Sequence[str]) -> tuple[list[S], T]:
+    """Every rank's ``own`` (rank order), and ``trace`` with its ``shared`` fields set to rank 0's.
 
-    Two collectives: a gather of the small per-rank summaries, and a broadcast of rank 0's tensors, so every
+    Two collectives: a gather of the small per-rank traces, and a broadcast of rank 0's tensors, so every
     rank builds the same record.
     """
-    per_rank = world.gather_object(dict(summary))
+    per_rank = world.gather_object(own)
     values = world.broadcast_object(tuple(getattr(trace, name) for name in shared))
     return per_rank, dataclasses.replace(trace, **dict(zip(shared, values, strict=True)))  # type: ignore[type-var]
 

@@ -37,7 +37,6 @@ from pytest_sprite.recipes.resolve import (
 from pytest_sprite.recipes.sharding_units import default_shard
 from pytest_sprite.recipes.spec import RecipeSpec
 from pytest_sprite.records import (
-    BF16_PRECISION,
     DISTRIBUTED_ARMS,
     FP32_PRECISION,
     ArmRecord,
@@ -51,7 +50,7 @@ if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
     from typing_extensions import TypedDict, Unpack
 
-    from pytest_sprite.recipes._bf16_arm import Bf16Sites
+    from pytest_sprite.recipes._arm_precision import ArmPrecision, ArmSites
     from pytest_sprite.recipes.artifacts import ArtifactDir
     from pytest_sprite.recipes.fit_kit import ArmRecipe
     from pytest_sprite.world import World
@@ -275,11 +274,13 @@ class _ReadyArm:
     rows: Sequence[Any]
     identity: RecipeIdentity
     calls: ArmRecipe
-    sites: Bf16Sites | None
+    sites: ArmSites
+    family: ArmPrecision
 
 
 def _ready_arm(recipe: Recipe, request: ArmRequest, world: World) -> _ReadyArm:
     """The rows, a probe model's identity and what the arm calls of the recipe (the probe is dropped)."""
+    from pytest_sprite.recipes._arm_precision import BF16_CRITERION, FP32_PARITY, ArmSites
     from pytest_sprite.recipes.fit_kit import ArmRecipe
 
     data = draw_rows(recipe, request.steps * request.batch, world)
@@ -302,22 +303,28 @@ def _ready_arm(recipe: Recipe, request: ArmRequest, world: World) -> _ReadyArm:
     calls = ArmRecipe(
         name=recipe.name, loss=recipe.loss, shard=recipe.shard if recipe.shard is not None else default_shard
     )
-    sites = _bf16_sites(recipe, probe) if request.bf16 else None
-    return _ReadyArm(rows=data.rows, identity=identity, calls=calls, sites=sites)
+    family = BF16_CRITERION if request.bf16 else FP32_PARITY
+    sites = ArmSites(
+        linear=linear_sites(recipe, probe) if family.watches_steps else {},
+        backbone=recipe.backbone or "",
+        adapters=(adapter_tensor(recipe, probe),),
+    )
+    return _ReadyArm(rows=data.rows, identity=identity, calls=calls, sites=sites, family=family)
 
 
 def _train(recipe: Recipe, request: ArmRequest, ready: _ReadyArm, world: World) -> ArmRecord | Bf16ArmRecord:
     """The arm's fit: on rank 0 for the single-device arms (the others receive its record), else everywhere."""
-    if ready.sites is not None:
-        return _run_bf16(recipe, request, ready, ready.sites, world)
     from pytest_sprite.recipes import _arm
+    from pytest_sprite.recipes._arm_precision import ArmPlan
 
-    plan = _arm.ArmPlan(
+    plan = ArmPlan(
         arm=request.arm,
         identity=ready.identity,
-        precision=request.precision,
-        accumulate=request.accumulate,
+        family=ready.family,
+        precision=ready.family.lightning_precision(request.arm, request.precision),
         fault=request.fault,
+        accumulate=request.accumulate,
+        shards=world.size,
     )
 
     def fit() -> _arm.ArmFit:  # the model is built only where the arm trains
@@ -327,41 +334,10 @@ def _train(recipe: Recipe, request: ArmRequest, ready: _ReadyArm, world: World) 
             model=build_model(recipe),
             rows=ready.rows,
             world=world,
+            sites=ready.sites,
             strategy=request.strategy,
         )
 
-    if request.arm == "single":
-        return world.run_on_rank(0, lambda: _arm.run_single(fit()))
-    return _arm.run_distributed(fit())
-
-
-def _bf16_sites(recipe: Recipe, model: torch.nn.Module) -> Bf16Sites:
-    """What criterion v2's arms need to know about the model, from the recipe (the backbone only if named)."""
-    from pytest_sprite.recipes._bf16_arm import Bf16Sites
-
-    return Bf16Sites(
-        linear=linear_sites(recipe, model),
-        backbone=recipe.backbone or "",
-        adapters=(adapter_tensor(recipe, model),),
-    )
-
-
-def _run_bf16(
-    recipe: Recipe, request: ArmRequest, ready: _ReadyArm, sites: Bf16Sites, world: World
-) -> Bf16ArmRecord:
-    from pytest_sprite.recipes import _bf16_arm
-
-    ran = FP32_PRECISION if request.arm == "ref32" else BF16_PRECISION
-    plan = _bf16_arm.Bf16Plan(
-        arm=request.arm, identity=ready.identity, precision=ran, fault=request.fault, shards=world.size
-    )
-
-    def fit(strategy: Any) -> _bf16_arm.Bf16Fit:  # the model is built only where the arm trains
-        net, rows = build_model(recipe), ready.rows
-        return _bf16_arm.Bf16Fit(
-            plan=plan, recipe=ready.calls, net=net, rows=rows, world=world, sites=sites, strategy=strategy
-        )
-
     if request.arm in DISTRIBUTED_ARMS:
-        return _bf16_arm.run_bf16_distributed(fit(request.strategy))
-    return world.run_on_rank(0, lambda: _bf16_arm.run_bf16_single(fit(None)))
+        return _arm.run_distributed(fit())
+    return world.run_on_rank(0, lambda: _arm.run_single(fit()))

@@ -20,7 +20,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_sprite import ArtifactExistsError, LoraQwen, SpriteUsageError, assert_parity, load_arm_record
+from pytest_sprite import (
+    ArtifactExistsError,
+    LoraQwen,
+    SpriteUsageError,
+    assert_parity,
+    faults,
+    load_arm_record,
+)
 from pytest_sprite.planted_faults import FAULTS, Fault, Planter, PlantSite, plant
 from pytest_sprite.recipes._model import build_lora_qwen, make_rows
 from pytest_sprite.recipes.artifacts import ArtifactDir
@@ -148,48 +155,56 @@ class _EveryHook(Planter):
         self._count("skip_step")
         return True
 
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        self._count("after_restore")
 
-def test_the_arm_calls_every_planter_hook_at_its_point(
-    lora_qwen: LoraQwen, monkeypatch: pytest.MonkeyPatch
+
+ARM_HOOKS = frozenset(h for h in faults._HOOKS if h != "after_restore")
+"""Every Planter hook an arm calls (``after_restore`` is the checkpoint resume role's)."""
+
+
+@pytest.mark.parametrize(
+    ("arm", "kwargs", "calls"),
+    [
+        # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step.
+        ("single", {"accumulate": 2}, {"forward_context": 4, "loss": 4, "gradients": 2, "skip_step": 2}),
+        (
+            "ref",
+            {"precision": "bf16-mixed"},
+            {"forward_context": 2, "loss": 2, "gradients": 2, "skip_step": 2},
+        ),
+        # manual optimization: one forward and loss per emulated shard (one in a world of one)
+        (
+            "split",
+            {"precision": "bf16-mixed"},
+            {"forward_context": 2, "loss": 2, "gradients": 2, "skip_step": 2},
+        ),
+    ],
+    ids=["fp32-single", "bf16-ref", "bf16-split"],
+)
+def test_every_arm_calls_every_planter_hook_at_its_point(
+    lora_qwen: LoraQwen,
+    monkeypatch: pytest.MonkeyPatch,
+    arm: str,
+    kwargs: dict[str, Any],
+    calls: dict[str, int],
 ) -> None:
+    """One arm runner for both precisions: each hook fires, as often as its point comes, in every arm."""
     planter = _EveryHook()
-    fault = Fault(name="every-hook", description="test", arms=("single",), by=("pre_norm",), planter=planter)
+    assert set(planter.hooks()) == set(faults._HOOKS), "the recording planter must override every hook"
+    fault = Fault(name="every-hook", description="test", arms=(arm,), by=("pre_norm",), planter=planter)
     monkeypatch.setitem(FAULTS, fault.name, fault)
-    clean = lora_qwen.run("single", steps=2, accumulate=2)
-    planted = lora_qwen.run("single", steps=2, accumulate=2, fault=fault.name)
-    # Two micro-batches per step: forward and loss per micro-batch, gradients and the step once per step;
-    # which trainables gradient sync leaves out, once before the strategy wraps the model.
-    assert planter.calls == {
-        "unsynchronized": 1,
-        "forward_context": 4,
-        "loss": 4,
-        "gradients": 2,
-        "skip_step": 2,
-    }
-    # Gradients doubled before the pre-clip norm is taken; every update skipped, so weights never move.
-    assert planted.pre_clip_norms[0][0] == pytest.approx(2 * clean.pre_clip_norms[0][0], rel=1e-6)
-    assert all(
-        torch.equal(planted.initial_trainable[n], planted.final_trainable[n]) for n in planted.trainable_names
-    )
-    assert planted.label == "single (accumulate 2, fault every-hook)"
-
-
-def test_a_bf16_arm_calls_every_planter_hook_at_its_point(
-    lora_qwen: LoraQwen, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same planter in a BF16 arm: every hook the FP32 arm calls, at the same points."""
-    planter = _EveryHook()
-    fault = Fault(name="every-hook", description="test", arms=("ref",), by=("pre_norm",), planter=planter)
-    monkeypatch.setitem(FAULTS, fault.name, fault)
-    planted = lora_qwen.run("ref", precision="bf16-mixed", steps=2, fault=fault.name)
-    assert planter.calls == {
-        "unsynchronized": 1,
-        "forward_context": 2,
-        "loss": 2,
-        "gradients": 2,
-        "skip_step": 2,
-    }
-    first, last = planted.steps[0].params, planted.steps[-1].params
+    planted = lora_qwen.run(arm, steps=2, fault=fault.name, **kwargs)
+    # which trainables gradient sync leaves out: once, before the strategy wraps the model
+    assert planter.calls == {"unsynchronized": 1, **calls}
+    assert set(planter.calls) == ARM_HOOKS
+    if arm == "single":  # gradients doubled before the pre-clip norm is taken
+        clean = lora_qwen.run(arm, steps=2, **kwargs)
+        assert planted.pre_clip_norms[0][0] == pytest.approx(2 * clean.pre_clip_norms[0][0], rel=1e-6)
+        assert planted.label == "single (accumulate 2, fault every-hook)"
+        first, last = planted.initial_trainable, planted.final_trainable
+    else:
+        first, last = planted.initial_trainable, planted.steps[-1].params
     assert all(torch.equal(first[n], last[n]) for n in first), "every update skipped"
 
 
