@@ -115,6 +115,42 @@ def _own_outcome(reports: Sequence[TestReport]) -> str:
     return "passed"
 
 
+def _place_ended_by_harness(
+    rank: int,
+    reports: Sequence[TestReport],
+    end: Any,
+    woken: bool,
+    finished: bool,
+    transport: TestReport | None,
+) -> Place:
+    """Where a rank was that the harness ended (its timeout, or a peer that failed)."""
+    if finished and transport is not None:  # it failed as its peer left, and then waited for the others
+        where = collective_of_failure(transport.longrepr)
+        if where is None and end.stacks.missing is None:
+            found = whereabouts(end.stacks)
+            where = found if found is not None and found.collective is not None else None
+        if woken and where is not None:
+            return Place(rank=rank, text=where.text(), waiting=where)
+        text = f"lost its peer in {where.collective} ({where.at})" if where else "lost its peer"
+        return Place(rank=rank, text=text, waiting=where)
+    if finished:
+        left = f"ended the test ({_own_outcome(reports)})"
+        return Place(rank=rank, text=f"{left}; its process waited for the others", left=left)
+    reason = end.stacks.missing
+    if reason is not None or not end.stacks.threads:
+        return Place(rank=rank, text="no stack (see below)", no_stack=reason or "none was taken")
+    where = whereabouts(end.stacks)
+    if where is None:
+        return Place(rank=rank, text="no frame of its own in its stack")
+    own = [r for r in reports if r.failed and not (woken and is_transport_failure(r))]
+    after = f", after {_own_outcome(own)}" if own else ""
+    return Place(
+        rank=rank,
+        text=where.text() + after,
+        waiting=where if where.collective is not None else None,
+    )
+
+
 def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> Place:
     finished = bool(reports) and reports[-1].when == "teardown"
     if not reports:
@@ -131,31 +167,7 @@ def _place(rank: int, reports: Sequence[TestReport], end: Any, woken: bool) -> P
         if where is not None:
             return Place(rank=rank, text=where.text(), waiting=where)
     if end.ended_by in ("timeout", "peer_failed"):
-        if finished and transport is not None:  # it failed as its peer left, and then waited for the others
-            where = collective_of_failure(transport.longrepr)
-            if where is None and end.stacks.missing is None:
-                found = whereabouts(end.stacks)
-                where = found if found is not None and found.collective is not None else None
-            if woken and where is not None:
-                return Place(rank=rank, text=where.text(), waiting=where)
-            text = f"lost its peer in {where.collective} ({where.at})" if where else "lost its peer"
-            return Place(rank=rank, text=text, waiting=where)
-        if finished:
-            left = f"ended the test ({_own_outcome(reports)})"
-            return Place(rank=rank, text=f"{left}; its process waited for the others", left=left)
-        reason = end.stacks.missing
-        if reason is not None or not end.stacks.threads:
-            return Place(rank=rank, text="no stack (see below)", no_stack=reason or "none was taken")
-        where = whereabouts(end.stacks)
-        if where is None:
-            return Place(rank=rank, text="no frame of its own in its stack")
-        own = [r for r in reports if r.failed and not (woken and is_transport_failure(r))]
-        after = f", after {_own_outcome(own)}" if own else ""
-        return Place(
-            rank=rank,
-            text=where.text() + after,
-            waiting=where if where.collective is not None else None,
-        )
+        return _place_ended_by_harness(rank, reports, end, woken, finished, transport)
     if end.ended_by == "agent_lost":
         return Place(rank=rank, text="lost with its rank agent")
     if end.ended_by == "agent_error":
