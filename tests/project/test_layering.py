@@ -91,8 +91,8 @@ RULES: dict[str, tuple[str, ...]] = {
     "assertions": ("errors", "faults", "glue", "plumbing", "records"),
     # The recipes train arms with the code under test; never the assertions.
     "recipes": ("env", "errors", "faults", "glue", "lightning", "plumbing", "records", "subworld", "world"),
-    # A test child and its agent: one side of the protocol.
-    "rank": ("env", "errors", "glue", "plumbing", "subworld", "world"),
+    # A test child and its agent: one side of the protocol (and the fault registry's planters as mutants).
+    "rank": ("env", "errors", "faults", "glue", "plumbing", "subworld", "world"),
     # The controller side: launchers, the pool, the scheduler, merging reports.
     "launch": ("env", "errors", "glue", "plumbing", "rank"),
     # Crash consistency: targets that train with the recipes, judged by the assertions.
