@@ -16,7 +16,7 @@ ranks and the first call apply.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -257,6 +257,9 @@ class MutationRun:
     spec: MutantSpec | None
     ops: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    group_backend: Callable[[str], str] | None = None
+    """How a sub-world rank started from this process makes its default group (the same recording and
+    planting backend; picklable): its ranks plant the same mutant and send back what they recorded."""
 
     def acting(self, op: str, rank: int, world_size: int) -> MutantSpec | None:
         """Record one call of ``op`` on ``rank``; the spec when the planted mutant changes this call there."""

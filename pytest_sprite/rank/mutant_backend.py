@@ -11,6 +11,7 @@ names each rank called: the controller runs a mutant only for a test that called
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -42,7 +43,7 @@ def install(mutant: str | None, inner_backend: str) -> str:
     """Register the wrapper backend over ``inner_backend`` and plant ``mutant`` (a spec string, or None for
     the recording clean run); the backend name for ``init_process_group``."""
 
-    start_run(mutant)
+    start_run(mutant).group_backend = functools.partial(install, mutant)
     _state.update(stale={}, inner=inner_backend)
     if not _state["registered"]:  # once per process; a forked child inherits it
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])

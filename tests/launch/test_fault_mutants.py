@@ -25,11 +25,14 @@ def environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 FITS = """
-    import copy
+    from pathlib import Path
 
     import lightning.pytorch as pl
     import pytest
     import torch
+    import torch.distributed as dist
+
+    from pytest_sprite import run_subworld
 
     LR = 0.1
     BF16_ATOL = 1e-2  # bf16 autocast's rounding over two steps of this model: 4e-4 here
@@ -137,6 +140,18 @@ FITS = """
     def test_resume_runs_to_the_end(world, tmp_path):
         resumed, whole = resumed_and_uninterrupted(world, tmp_path)
         assert resumed.trainer.global_step == whole.trainer.global_step == 4
+
+
+    def sum_and_resume(world, tmp_path):
+        total = torch.tensor([float(world.rank + 1)])
+        dist.all_reduce(total)
+        resumed, whole = resumed_and_uninterrupted(world, Path(tmp_path))
+        return total.item(), torch.equal(resumed.lin.weight, whole.lin.weight)
+
+
+    @pytest.mark.ranks(2)
+    def test_a_subworld_sums_and_resumes(world, tmp_path):
+        assert run_subworld(sum_and_resume, args=(str(tmp_path),)).values() == [(3.0, True)] * 2
 """
 
 
@@ -168,14 +183,15 @@ CHECKPOINT = ["dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight
 def test_a_fault_mutant_is_killed_by_a_checking_test_and_survived_by_a_weak_one(
     pytester: pytest.Pytester,
 ) -> None:
-    """The representative fast path: one training and one checkpoint mutant in a user's own fits."""
+    """The representative fast path: a training mutant in a test's own fit and a checkpoint mutant in a
+    sub-world's resumed fit (the sub-world plants the test's mutant and sends back what it recorded)."""
     pytester.makepyfile(test_fits=FITS)
     result = run(
         pytester,
         "--sprite-mutate=missing-rank,perturbed-weight",
         "test_fits.py::test_fit_matches_one_device[1]",
-        "test_fits.py::test_resume_matches_the_uninterrupted_fit",
-        "test_fits.py::test_resume_runs_to_the_end",
+        "test_fits.py::test_fit_loss_is_finite[32-true]",
+        "test_fits.py::test_a_subworld_sums_and_resumes",
     )
     result.assert_outcomes(passed=3)
     assert table(result.stdout.str()) == {
@@ -183,12 +199,15 @@ def test_a_fault_mutant_is_killed_by_a_checking_test_and_survived_by_a_weak_one(
             "killed": ["missing-rank"],
             "not applicable": ["perturbed-weight"],
         },
+        "test_fit_loss_is_finite[32-true]": {
+            "survived": ["missing-rank"],
+            "not applicable": ["perturbed-weight"],
+        },
         # the resumed fit and the uninterrupted one lose the same rank's loss: they agree, the bug survives
-        "test_resume_matches_the_uninterrupted_fit": {
+        "test_a_subworld_sums_and_resumes": {
             "killed": ["perturbed-weight"],
             "survived": ["missing-rank"],
         },
-        "test_resume_runs_to_the_end": {"survived": ["missing-rank", "perturbed-weight"]},
     }
 
 
@@ -198,9 +217,14 @@ def test_each_fault_mutant_and_a_projects_own_are_killed_by_one_test_and_survive
 ) -> None:
     pytester.makepyfile(test_fits=FITS)
     pytester.makeconftest(PROJECT_FAULT)
-    result = run(pytester, "--sprite-mutate=training,checkpoint")
-    result.assert_outcomes(passed=7)
+    result = run(pytester, "--sprite-mutate=skip_allreduce,training,checkpoint")
+    result.assert_outcomes(passed=8)
     got = table(result.stdout.str())
+    # a sub-world's fits take the test's mutants, collectives included
+    assert got["test_a_subworld_sums_and_resumes"]["killed"] == ["skip_allreduce", *CHECKPOINT]
+    for entry in got.values():  # the rest is about the fault mutants
+        for names in entry.values():
+            names[:] = [n for n in names if n != "skip_allreduce"]
     own = "first-gradient-lost"  # the project's: a training mutant like the built-ins
     assert got["test_fit_matches_one_device[1]"]["killed"] == ["missing-rank", "wrong-scale", own]
     assert got["test_fit_matches_one_device[2]"]["killed"] == [
@@ -217,6 +241,11 @@ def test_each_fault_mutant_and_a_projects_own_are_killed_by_one_test_and_survive
     ]
     assert got["test_fit_loss_is_finite[bf16-mixed]"]["survived"] == [*TRAINING, own]
     assert got["test_resume_matches_the_uninterrupted_fit"]["killed"] == CHECKPOINT
-    assert got["test_resume_runs_to_the_end"]["survived"] == ["missing-rank", "wrong-scale", own, *CHECKPOINT]
+    assert got["test_resume_runs_to_the_end"]["survived"] == [
+        "missing-rank",
+        "wrong-scale",
+        own,
+        *CHECKPOINT,
+    ]
     # a fit that restored nothing takes no checkpoint mutant; an FP32 fit no BF16 control
     assert got["test_fit_loss_is_finite[32-true]"]["not applicable"] == ["scale-grad", *CHECKPOINT]
