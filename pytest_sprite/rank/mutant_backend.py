@@ -3,8 +3,10 @@
 A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo on
 CPU), registered under its own backend name and made the test's default group, so every caller reaches it:
 plain ``torch.distributed`` calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
-all-gather and reduce-scatter and DTensor's redistributions (sub-groups of a device mesh are made through
-the same backend name). Each collective runs on the real backend and is waited for, then the mutant (if
+all-gather and reduce-scatter and DTensor's all-reduce redistribution (sub-groups of a device mesh are made
+through the same backend name). DTensor's all-gather and reduce-scatter redistributions (torch's functional
+collectives) call the real backend below this group: they are neither mutated nor recorded, so the
+controller reports those mutants not applicable to a test that only calls them that way. Each collective runs on the real backend and is waited for, then the mutant (if
 any) changes the result in place, so DDP's futures see the changed tensors. The clean run records the op
 names each rank called: the controller runs a mutant only for a test that called its op.
 """
@@ -57,7 +59,7 @@ def _create(options: Any, _backend_options: Any) -> Any:
 
     inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
     group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
-    # DTensor's functional collectives reach the real backend directly: not recorded, not mutated
+    # DTensor's functional all-gather and reduce-scatter reach the real backend here: not recorded, not mutated
     process_group_device_backend(group, inner)
     return group
 

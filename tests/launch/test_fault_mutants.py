@@ -4,6 +4,7 @@ resume against a reference and survived by one that does not; a project's own fa
 
 from __future__ import annotations
 
+import shutil
 from functools import partial
 
 import pytest
@@ -180,35 +181,54 @@ TRAINING = ["missing-rank", "wrong-scale", "accumulate-sum", "scale-grad"]
 CHECKPOINT = ["dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight"]
 
 
-def test_a_fault_mutant_is_killed_by_a_checking_test_and_survived_by_a_weak_one(
-    pytester: pytest.Pytester,
-) -> None:
-    """The representative fast path: a training mutant in a test's own fit and a checkpoint mutant in a
-    sub-world's resumed fit (the sub-world plants the test's mutant and sends back what it recorded)."""
+FAST_EXPECTED = {
+    "test_fit_matches_one_device[1]": {"killed": ["missing-rank"], "not applicable": ["perturbed-weight"]},
+    "test_fit_loss_is_finite[32-true]": {
+        "survived": ["missing-rank"],
+        "not applicable": ["perturbed-weight"],
+    },
+    # the resumed fit and the uninterrupted one lose the same rank's loss: they agree, the bug survives
+    "test_a_subworld_sums_and_resumes": {"killed": ["perturbed-weight"], "survived": ["missing-rank"]},
+}
+
+
+def fast_table(pytester: pytest.Pytester, *args: str) -> dict[str, dict[str, list[str]]]:
     pytester.makepyfile(test_fits=FITS)
     result = run(
         pytester,
         "--sprite-mutate=missing-rank,perturbed-weight",
+        *args,
         "test_fits.py::test_fit_matches_one_device[1]",
         "test_fits.py::test_fit_loss_is_finite[32-true]",
         "test_fits.py::test_a_subworld_sums_and_resumes",
     )
     result.assert_outcomes(passed=3)
-    assert table(result.stdout.str()) == {
-        "test_fit_matches_one_device[1]": {
-            "killed": ["missing-rank"],
-            "not applicable": ["perturbed-weight"],
-        },
-        "test_fit_loss_is_finite[32-true]": {
-            "survived": ["missing-rank"],
-            "not applicable": ["perturbed-weight"],
-        },
-        # the resumed fit and the uninterrupted one lose the same rank's loss: they agree, the bug survives
-        "test_a_subworld_sums_and_resumes": {
-            "killed": ["perturbed-weight"],
-            "survived": ["missing-rank"],
-        },
-    }
+    return table(result.stdout.str())
+
+
+def test_a_fault_mutant_is_killed_by_a_checking_test_and_survived_by_a_weak_one(
+    pytester: pytest.Pytester,
+) -> None:
+    """The representative fast path: a training mutant in a test's own fit and a checkpoint mutant in a
+    sub-world's resumed fit (the sub-world plants the test's mutant and sends back what it recorded)."""
+    assert fast_table(pytester) == FAST_EXPECTED
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("--ranks=4", "--pack=on"), id="packed"),
+        pytest.param(("--ranks=4", "--pack=off"), id="unpacked"),
+        pytest.param(("--launcher=mpiexec", "--ranks=2"), id="mpiexec"),
+    ],
+)
+def test_the_same_scores_packed_unpacked_and_under_mpiexec(
+    pytester: pytest.Pytester, args: tuple[str, ...]
+) -> None:
+    if "--launcher=mpiexec" in args and shutil.which("mpiexec") is None:
+        pytest.skip("MPICH's mpiexec is not on PATH (pip install mpich)")
+    assert fast_table(pytester, *args) == FAST_EXPECTED
 
 
 @pytest.mark.slow
