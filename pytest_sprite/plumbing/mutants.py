@@ -52,6 +52,9 @@ class Mutant:
     ranks: Literal["last", "all"]
     """The ranks it acts on unless the spec names them: the last rank of the test, or every rank."""
     doc: str
+    min_world: int = 1
+    """The smallest world it can change: 2 for a mutant that is the identity on one rank (skipping an
+    all-reduce of one, a broadcast from the next of one), not applicable to a one-rank test."""
 
 
 CATALOGUE: Final[tuple[Mutant, ...]] = (
@@ -61,6 +64,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allreduce",
         ranks="last",
         doc="the rank's all-reduce is skipped: its tensor keeps its own contribution",
+        min_world=2,
     ),
     Mutant(
         name="allreduce_sum_as_mean",
@@ -68,6 +72,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allreduce",
         ranks="all",
         doc="the all-reduce's result is divided by the world size (a SUM read as the average)",
+        min_world=2,
     ),
     Mutant(
         name="allreduce_mean_of_world_plus_one",
@@ -89,6 +94,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="broadcast",
         ranks="all",
         doc="the broadcast comes from the next rank instead of its source",
+        min_world=2,
     ),
     Mutant(
         name="allgather_swap",
@@ -96,6 +102,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allgather",
         ranks="all",
         doc="the all-gather's shards of the first two ranks are swapped",
+        min_world=2,
     ),
     Mutant(
         name="reduce_scatter_shift",
@@ -103,6 +110,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="reduce_scatter",
         ranks="all",
         doc="each rank receives the reduce-scatter shard of the next rank",
+        min_world=2,
     ),
 )
 
@@ -236,8 +244,10 @@ def applicable(spec: MutantSpec, called: Mapping[int, Sequence[str]], world_size
     """Whether ``spec`` can change a test whose clean run called ``called`` (rank -> op names, in order).
 
     It applies when some rank it acts on called its op at least ``start`` times; a mutant acting on every
-    rank of a collective needs the call on any rank.
+    rank of a collective needs the call on any rank. One that cannot change a world this small never applies.
     """
+    if world_size < spec.mutant.min_world:
+        return False
     for rank in range(world_size):
         if spec.acts_on(rank, world_size) and _count(called.get(rank, ()), spec.mutant.op) >= spec.start:
             return True

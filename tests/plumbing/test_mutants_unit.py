@@ -56,6 +56,11 @@ def test_a_mutant_applies_only_where_its_op_was_called_often_enough() -> None:
     assert applicable(parse_spec("skip_allreduce@rank1:from2"), called, 2)
     assert applicable(parse_spec("broadcast_wrong_source"), called, 2)
     assert not applicable(parse_spec("allgather_swap"), called, 2)
+    # on one rank, skipping or dividing by the world changes nothing: not applicable; a stale copy does
+    assert not applicable(parse_spec("skip_allreduce"), {0: ["allreduce"]}, 1)
+    assert not applicable(parse_spec("allreduce_sum_as_mean"), {0: ["allreduce"]}, 1)
+    assert applicable(parse_spec("stale_allreduce"), {0: ["allreduce"]}, 1)
+    assert applicable(parse_spec("allreduce_mean_of_world_plus_one"), {0: ["allreduce"]}, 1)
 
 
 def test_the_book_scores_and_reports() -> None:
