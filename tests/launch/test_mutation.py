@@ -31,7 +31,7 @@ def table(stdout: str) -> dict[str, dict[str, list[str]]]:
     result: dict[str, dict[str, list[str]]] = {}
     current: dict[str, list[str]] = {}
     for line in stdout.splitlines():
-        test = re.match(r"^(\S+::\S+): killed \d+/\d+", line)
+        test = re.match(r"^(\S*::\S+): killed \d+/\d+", line)  # --pyargs: an empty path
         if test:
             current = result.setdefault(test[1].rsplit("::", 1)[1], {})
         row = re.match(r"^    (killed|survived|not applicable): (.*)$", line)
