@@ -183,10 +183,6 @@ CHECKPOINT = ["dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight
 
 FAST_EXPECTED = {
     "test_fit_matches_one_device[1]": {"killed": ["missing-rank"], "not applicable": ["perturbed-weight"]},
-    "test_fit_loss_is_finite[32-true]": {
-        "survived": ["missing-rank"],
-        "not applicable": ["perturbed-weight"],
-    },
     # the resumed fit and the uninterrupted one lose the same rank's loss: they agree, the bug survives
     "test_a_subworld_sums_and_resumes": {"killed": ["perturbed-weight"], "survived": ["missing-rank"]},
 }
@@ -199,10 +195,9 @@ def fast_table(pytester: pytest.Pytester, *args: str) -> dict[str, dict[str, lis
         "--sprite-mutate=missing-rank,perturbed-weight",
         *args,
         "test_fits.py::test_fit_matches_one_device[1]",
-        "test_fits.py::test_fit_loss_is_finite[32-true]",
         "test_fits.py::test_a_subworld_sums_and_resumes",
     )
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=2)
     return table(result.stdout.str())
 
 
