@@ -60,7 +60,9 @@ def test_the_shipped_suites_clean_checks_kill_every_mutant_but_the_explained(
 ) -> None:
     """The suite's clean checks at two ranks under every mutant (about 2.5 minutes on 2 cores): the parity
     and criterion checks kill all that apply; the resume check lets the four survive that the measurements
-    page explains (it compares the resumed fit with an uninterrupted one carrying the same bug)."""
+    page explains (the same loss bug in the resumed and the uninterrupted fit, a gather of identical
+    shapes, and a stale buffer seen only in the continuation's gradients, which it measures but does not
+    require)."""
     result = run(
         pytester,
         "--pyargs",
