@@ -97,6 +97,11 @@ class Planter:
     def after_restore(self, trainer: Any, site: PlantSite) -> None:
         """Change what a Lightning ``trainer`` has just restored from a checkpoint."""
 
+    def can_change(self, trainer: Any, site: PlantSite) -> bool:
+        """Whether :meth:`after_restore` has something to change in this restored ``trainer`` (``--sprite-mutate``
+        asks in a user's fit: its mutant does not apply where it would change nothing)."""
+        return True
+
     def hooks(self) -> tuple[str, ...]:
         """Names of the hooks this planter overrides: the points where it acts."""
         return tuple(h for h in _HOOKS if getattr(type(self), h) is not getattr(Planter, h))
@@ -193,6 +198,9 @@ class _DropOptimizerState(Planter):
     def after_restore(self, trainer: Any, site: PlantSite) -> None:
         trainer.optimizers[0].state.clear()
 
+    def can_change(self, trainer: Any, site: PlantSite) -> bool:
+        return bool(trainer.optimizers) and bool(trainer.optimizers[0].state)
+
 
 class _ResetScheduler(Planter):
     """The LR scheduler goes back to step 0 after the restore, and the optimizer to its base LR."""
@@ -204,6 +212,10 @@ class _ResetScheduler(Planter):
         scheduler.last_epoch = 0
         scheduler._step_count = 1
         scheduler._last_lr = list(scheduler.base_lrs)
+
+    def can_change(self, trainer: Any, site: PlantSite) -> bool:
+        configs = trainer.lr_scheduler_configs
+        return bool(configs) and bool(trainer.optimizers) and configs[0].scheduler.last_epoch > 0
 
 
 class _PerturbWeight(Planter):
@@ -218,6 +230,9 @@ class _PerturbWeight(Planter):
         if local.numel():
             with torch.no_grad():
                 local.view(-1)[0] += 1e-3
+
+    def can_change(self, trainer: Any, site: PlantSite) -> bool:
+        return any(p.requires_grad for p in trainer.lightning_module.parameters())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -74,6 +74,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) 
         raise
 
 
+def _fault_mutants(faults: Any) -> None:
+    """``--sprite-mutate``'s training and checkpoint mutants: one per registered fault a fit can take from outside."""
+    from .plumbing.mutants import fault_mutant, use_fault_mutants
+
+    made = (fault_mutant(f.name, f.description, f.planter.hooks()) for f in faults.values())
+    try:
+        use_fault_mutants(m for m in made if m is not None)
+    except ValueError as exc:
+        raise SpriteUsageError(str(exc)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from .launch.launchers import collect_launchers
     from .planted_faults import collect_faults
@@ -81,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in (RANKS_MARKER_HELP, CPU_MARKER_HELP, XPU_MARKER_HELP, CUDA_MARKER_HELP):
         config.addinivalue_line("markers", line)
     try:
-        collect_faults(config)
+        _fault_mutants(collect_faults(config))
         launchers = collect_launchers(config)
         settings = Settings.from_config(config, launchers=launchers.names)
     except SpriteUsageError as exc:

@@ -215,7 +215,7 @@ OPTIONS: Final = (
         "sprite_mutate",
         "SPRITE_MUTATE",
         "Run each ranks test again under each applicable mutant (a planted distributed bug) and report which "
-        "its checks kill: a comma list of families (collective), mutant names or specs "
+        "its checks kill: a comma list of families (collective, training, checkpoint), mutant names or specs "
         "(skip_allreduce@rank1:from3), or all. Default: off.",
         "MUTANTS",
     ),

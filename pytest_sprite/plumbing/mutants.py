@@ -1,9 +1,12 @@
 """The mutant catalogue of ``--sprite-mutate``: names, families, spec strings, and which apply to a test.
 
-A mutant is a distributed bug planted below the user's code (the collective family: in a wrapper around the
-default process group's backend, see :mod:`pytest_sprite.rank.mutant_backend`). A test kills a mutant when it
-fails under it; a suite that lets one survive would pass with that bug in the training stack. Stdlib only:
-the controller parses and selects, the test child plants.
+A mutant is a distributed bug planted below the user's code: the collective family in a wrapper around the
+default process group's backend (:mod:`pytest_sprite.rank.mutant_backend`); the training and checkpoint
+families are the fault registry's faults that can be planted into any Lightning fit from outside it
+(:mod:`pytest_sprite.rank.fault_mutants`), one mutant per fault, made from the registry each session. A test
+kills a mutant when it fails under it; a suite that lets one survive would pass with that bug in the
+training stack. Stdlib only: the controller parses and selects, the test child plants and records
+(:class:`MutationRun`).
 
 A spec string names one mutant and, optionally, where and when it acts: ``skip_allreduce@rank1:from3``
 (ranks 1 only, from the third call of the op on each rank onwards). Without ``@`` the mutant's own default
@@ -13,22 +16,26 @@ ranks and the first call apply.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 __all__ = [
     "CATALOGUE",
-    "FAMILIES",
+    "PLANTABLE_HOOKS",
     "Mutant",
     "MutantSpec",
+    "MutationRun",
     "applicable",
+    "catalogue",
+    "current_run",
+    "families",
+    "fault_mutant",
     "parse_spec",
     "select_mutants",
+    "start_run",
+    "use_fault_mutants",
 ]
-
-Op = Literal["allreduce", "broadcast", "allgather", "reduce_scatter", "training"]
-"""The collective a mutant changes (what the clean run must have called for it to apply)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +44,17 @@ class Mutant:
 
     name: str
     family: str
-    """``collective`` (planted in the process group) or ``training`` (planted by the fault hook)."""
-    op: Op
-    """The collective the clean run must have called for this mutant to apply."""
+    """``collective`` (planted in the process group), ``training`` (in a Lightning fit's steps) or
+    ``checkpoint`` (in a Lightning fit right after its checkpoint restore)."""
+    op: str
+    """What the clean run must have recorded for this mutant to apply: a collective's name (``allreduce``),
+    ``step:<fault>`` (a training step the fault can be planted in) or ``restore:<fault>`` (such a restore)."""
     ranks: Literal["last", "all"]
     """The ranks it acts on unless the spec names them: the last rank of the test, or every rank."""
     doc: str
+    min_world: int = 1
+    """The smallest world it can change: 2 for a mutant that is the identity on one rank (skipping an
+    all-reduce of one, a broadcast from the next of one), not applicable to a one-rank test."""
 
 
 CATALOGUE: Final[tuple[Mutant, ...]] = (
@@ -52,6 +64,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allreduce",
         ranks="last",
         doc="the rank's all-reduce is skipped: its tensor keeps its own contribution",
+        min_world=2,
     ),
     Mutant(
         name="allreduce_sum_as_mean",
@@ -59,6 +72,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allreduce",
         ranks="all",
         doc="the all-reduce's result is divided by the world size (a SUM read as the average)",
+        min_world=2,
     ),
     Mutant(
         name="allreduce_mean_of_world_plus_one",
@@ -80,6 +94,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="broadcast",
         ranks="all",
         doc="the broadcast comes from the next rank instead of its source",
+        min_world=2,
     ),
     Mutant(
         name="allgather_swap",
@@ -87,6 +102,7 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="allgather",
         ranks="all",
         doc="the all-gather's shards of the first two ranks are swapped",
+        min_world=2,
     ),
     Mutant(
         name="reduce_scatter_shift",
@@ -94,11 +110,59 @@ CATALOGUE: Final[tuple[Mutant, ...]] = (
         op="reduce_scatter",
         ranks="all",
         doc="each rank receives the reduce-scatter shard of the next rank",
+        min_world=2,
     ),
 )
 
-FAMILIES: Final = tuple(sorted({m.family for m in CATALOGUE}))
-_BY_NAME: Final[Mapping[str, Mutant]] = {m.name: m for m in CATALOGUE}
+PLANTABLE_HOOKS: Final[Mapping[str, str]] = {
+    "loss": "training",
+    "gradients": "training",
+    "after_restore": "checkpoint",
+}
+"""The fault planters' hooks a mutant can reach in any Lightning fit from outside it, and the family of a
+fault that acts there (a fault with a restore hook is a checkpoint mutant). The other hooks need the arm's
+cooperation (which trainables the strategy syncs, the forward's context, skipping a step)."""
+
+_FAULT_MUTANTS: list[Mutant] = []
+"""This session's training and checkpoint mutants, made from the fault registry by :func:`use_fault_mutants`."""
+
+
+def fault_mutant(name: str, description: str, hooks: Sequence[str]) -> Mutant | None:
+    """The mutant of the registry's fault ``name`` (whose planter overrides ``hooks``), or None when a hook it
+    needs cannot be reached from outside the arm (or it has none)."""
+    if not hooks or any(h not in PLANTABLE_HOOKS for h in hooks):
+        return None
+    family = "checkpoint" if "after_restore" in hooks else "training"
+    op = f"restore:{name}" if family == "checkpoint" else f"step:{name}"
+    return Mutant(name=name, family=family, op=op, ranks="all", doc=description)
+
+
+def use_fault_mutants(mutants: Iterable[Mutant]) -> None:
+    """Make ``mutants`` (one per plantable registered fault) this session's training and checkpoint mutants.
+
+    Raises ValueError for a fault whose name a spec cannot carry or that a collective mutant already has.
+    """
+    chosen = list(mutants)
+    for m in chosen:
+        if m.name in {c.name for c in CATALOGUE} or not _NAME.match(m.name):
+            raise ValueError(
+                f"fault {m.name!r} cannot be a --sprite-mutate mutant: a mutant's name is letters, digits, "
+                "'-' and '_' and differs from the collective mutants'; register the fault under another name"
+            )
+    _FAULT_MUTANTS[:] = chosen
+
+
+def catalogue() -> tuple[Mutant, ...]:
+    """Every mutant of this session: the collectives', then the fault registry's, in registry order."""
+    return (*CATALOGUE, *_FAULT_MUTANTS)
+
+
+def families() -> tuple[str, ...]:
+    """The families of this session's mutants, sorted."""
+    return tuple(sorted({m.family for m in catalogue()}))
+
+
+_NAME: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 _WHERE: Final = re.compile(r"^(?:rank(?P<ranks>\d+(?:,\d+)*))?(?::?from(?P<start>\d+))?$")
 
 
@@ -136,11 +200,12 @@ class MutantSpec:
 def parse_spec(text: str, where: str = "--sprite-mutate") -> MutantSpec:
     """``name`` or ``name@rank1,2:from3`` -> a MutantSpec; raises ValueError naming ``where``."""
     name, _, tail = text.strip().partition("@")
-    mutant = _BY_NAME.get(name)
+    by_name = {m.name: m for m in catalogue()}
+    mutant = by_name.get(name)
     if mutant is None:
         raise ValueError(
-            f"{where}: {name!r} is not a mutant; valid mutants: {', '.join(_BY_NAME)} "
-            f"(or a family: {', '.join(FAMILIES)}, or all)"
+            f"{where}: {name!r} is not a mutant; valid mutants: {', '.join(by_name)} "
+            f"(or a family: {', '.join(families())}, or all)"
         )
     if not tail:
         return MutantSpec(mutant=mutant)
@@ -162,9 +227,9 @@ def select_mutants(value: str, where: str) -> tuple[MutantSpec, ...]:
         if not word:
             continue
         if word == "all":
-            chosen += [MutantSpec(mutant=m) for m in CATALOGUE]
-        elif word in FAMILIES:
-            chosen += [MutantSpec(mutant=m) for m in CATALOGUE if m.family == word]
+            chosen += [MutantSpec(mutant=m) for m in catalogue()]
+        elif word in families():
+            chosen += [MutantSpec(mutant=m) for m in catalogue() if m.family == word]
         else:
             chosen.append(parse_spec(word, where))
     if not chosen:
@@ -179,8 +244,10 @@ def applicable(spec: MutantSpec, called: Mapping[int, Sequence[str]], world_size
     """Whether ``spec`` can change a test whose clean run called ``called`` (rank -> op names, in order).
 
     It applies when some rank it acts on called its op at least ``start`` times; a mutant acting on every
-    rank of a collective needs the call on any rank.
+    rank of a collective needs the call on any rank. One that cannot change a world this small never applies.
     """
+    if world_size < spec.mutant.min_world:
+        return False
     for rank in range(world_size):
         if spec.acts_on(rank, world_size) and _count(called.get(rank, ()), spec.mutant.op) >= spec.start:
             return True
@@ -189,3 +256,40 @@ def applicable(spec: MutantSpec, called: Mapping[int, Sequence[str]], world_size
 
 def _count(ops: Iterable[str], op: str) -> int:
     return sum(1 for o in ops if o == op)
+
+
+@dataclass
+class MutationRun:
+    """This process's run under ``--sprite-mutate``: the mutant it plants (None: the clean run, which only
+    records) and the record of what it called, in order: collectives, and the fit steps and restores a
+    fault mutant could be planted in."""
+
+    spec: MutantSpec | None
+    ops: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    group_backend: Callable[[str], str] | None = None
+    """How a sub-world rank started from this process makes its default group (the same recording and
+    planting backend; picklable): its ranks plant the same mutant and send back what they recorded."""
+
+    def acting(self, op: str, rank: int, world_size: int) -> MutantSpec | None:
+        """Record one call of ``op`` on ``rank``; the spec when the planted mutant changes this call there."""
+        self.ops.append(op)
+        self.counts[op] = self.counts.get(op, 0) + 1
+        spec = self.spec
+        if spec is None or spec.mutant.op != op or self.counts[op] < spec.start:
+            return None
+        return spec if spec.acts_on(rank, world_size) else None
+
+
+_RUN: list[MutationRun] = []
+
+
+def start_run(mutant: str | None) -> MutationRun:
+    """Begin this process's mutation run, planting ``mutant`` (a spec string; None: the clean run)."""
+    _RUN[:] = [MutationRun(spec=parse_spec(mutant) if mutant else None)]
+    return _RUN[0]
+
+
+def current_run() -> MutationRun | None:
+    """This process's mutation run, or None outside ``--sprite-mutate`` (the planters then do nothing)."""
+    return _RUN[0] if _RUN else None

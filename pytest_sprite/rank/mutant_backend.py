@@ -3,21 +3,24 @@
 A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo on
 CPU), registered under its own backend name and made the test's default group, so every caller reaches it:
 plain ``torch.distributed`` calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
-all-gather and reduce-scatter and DTensor's redistributions (sub-groups of a device mesh are made through
-the same backend name). Each collective runs on the real backend and is waited for, then the mutant (if
+all-gather and reduce-scatter and DTensor's all-reduce redistribution (sub-groups of a device mesh are made
+through the same backend name). DTensor's all-gather and reduce-scatter redistributions (torch's functional
+collectives) call the real backend below this group: they are neither mutated nor recorded, so the
+controller reports those mutants not applicable to a test that only calls them that way. Each collective runs on the real backend and is waited for, then the mutant (if
 any) changes the result in place, so DDP's futures see the changed tensors. The clean run records the op
 names each rank called: the controller runs a mutant only for a test that called its op.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 import torch.distributed as dist
 
-from ..plumbing.mutants import MutantSpec, parse_spec
+from ..plumbing.mutants import MutantSpec, current_run, start_run
 
 __all__ = ["BACKEND_NAME", "called_ops", "install"]
 
@@ -25,9 +28,6 @@ BACKEND_NAME: Final = "sprite_mutant"
 """The backend name the test's default group is made with under ``--sprite-mutate``."""
 
 _state: dict[str, Any] = {
-    "ops": [],
-    "spec": None,
-    "counts": {},
     "stale": {},
     "inner": "gloo",
     "registered": False,
@@ -35,17 +35,18 @@ _state: dict[str, Any] = {
 
 
 def called_ops() -> list[str]:
-    """The op names this rank's collectives called so far, in order (the default group and its sub-groups)."""
-    return list(_state["ops"])
+    """What this rank recorded so far, in order: its collectives (the default group and its sub-groups) and
+    the Lightning fit steps and restores a fault mutant could be planted in."""
+    run = current_run()
+    return list(run.ops) if run is not None else []
 
 
 def install(mutant: str | None, inner_backend: str) -> str:
     """Register the wrapper backend over ``inner_backend`` and plant ``mutant`` (a spec string, or None for
     the recording clean run); the backend name for ``init_process_group``."""
 
-    _state.update(
-        ops=[], counts={}, stale={}, inner=inner_backend, spec=parse_spec(mutant) if mutant else None
-    )
+    start_run(mutant).group_backend = functools.partial(install, mutant)
+    _state.update(stale={}, inner=inner_backend)
     if not _state["registered"]:  # once per process; a forked child inherits it
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
         _state["registered"] = True
@@ -58,7 +59,7 @@ def _create(options: Any, _backend_options: Any) -> Any:
 
     inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
     group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
-    # DTensor's functional collectives reach the real backend directly: not recorded, not mutated
+    # DTensor's functional all-gather and reduce-scatter reach the real backend here: not recorded, not mutated
     process_group_device_backend(group, inner)
     return group
 
@@ -179,15 +180,15 @@ def _done(work: Any) -> Any:
 
 def _acting(op: str, group: Any) -> MutantSpec | None:
     """Record one call of ``op``; the spec when the planted mutant changes this call on this rank."""
-    _state["ops"].append(op)
-    counts: dict[str, int] = _state["counts"]
-    counts[op] = counts.get(op, 0) + 1
-    spec: MutantSpec | None = _state["spec"]
-    if spec is None or spec.mutant.op != op or counts[op] < spec.start:
+    run = current_run()
+    if run is None:
         return None
-    if not spec.acts_on(group.rank(), group.size()):
-        # collectives every rank must join in the same way (the wrong source, the shift) act on all ranks
-        return spec if spec.mutant.name in ("broadcast_wrong_source",) else None
+    spec = run.acting(op, group.rank(), group.size())
+    planted = run.spec
+    if spec is None and planted is not None and planted.mutant.name == "broadcast_wrong_source":
+        # every rank must join a broadcast from the same source: the wrong source acts on all ranks
+        if planted.mutant.op == op and run.counts[op] >= planted.start:
+            return planted
     return spec
 
 
@@ -202,7 +203,8 @@ def _allreduce(group: Any, tensors: list[torch.Tensor], run: Callable[[list[torc
     """An all-reduce: the stale rank contributes an old copy, then the result is skipped or scaled."""
     spec = _acting("allreduce", group)
     name = spec.mutant.name if spec is not None else None
-    planted: MutantSpec | None = _state["spec"]
+    mutation = current_run()
+    planted = mutation.spec if mutation is not None else None
     keeps_inputs = planted is not None and planted.mutant.name == "stale_allreduce"
     own = [t.clone() for t in tensors] if name == "skip_allreduce" or keeps_inputs else []
     stale: dict[tuple[Any, ...], Any] = _state["stale"]

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pytest_sprite.glue.recorded_results import progress, running_item
+from pytest_sprite.plumbing.mutants import current_run
 
 if TYPE_CHECKING:
     from pytest_sprite.records import RecipeIdentity
@@ -374,10 +375,17 @@ def _feed(h: Any, value: Any) -> None:
 
 
 def reuse_mode() -> str | None:
-    """``auto`` or ``off`` for the running test's session; None outside a pytest test."""
+    """``auto`` or ``off`` for the running test's session; None outside a pytest test.
+
+    Always ``off`` in a ``--sprite-mutate`` mutant run: a stored clean result would stand in for the arm the
+    mutant must break (the mutant would survive unseen), and a mutated one must never be stored.
+    """
     item = running_item()
     if item is None:
         return None
+    mutation = current_run()
+    if mutation is not None and mutation.spec is not None:
+        return "off"
     from pytest_sprite.glue.options import settings_key
 
     settings = item.config.stash.get(settings_key, None)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.coverage import current_context
+from pytest_sprite.plumbing.mutants import current_run
 from pytest_sprite.plumbing.output import tail_of_file
 from pytest_sprite.plumbing.placement import place
 from pytest_sprite.plumbing.process import wait_status
@@ -31,7 +32,7 @@ from pytest_sprite.plumbing.stacks import Stacks, read_stacks, take_stacks_of
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, store_listener, tcp_store
-from .messages import Emitted, Killed, Raised, RankMessage, Ready, Returned
+from .messages import Emitted, Killed, Raised, RankMessage, Ready, Recorded, Returned
 from .plan import KillPlan, KillPoint
 from .rank_body import RankSpec, in_subworld
 from .result import RankOutcome, SubworldResult
@@ -92,6 +93,10 @@ def _take(h: _Hosted, message: RankMessage) -> None:
         h.ready_at = monotonic()
     elif isinstance(message, Emitted):
         h.events.append((message.name, message.value))
+    elif isinstance(message, Recorded):
+        run = current_run()  # the sub-world rank r runs on test rank r: its record joins this rank's
+        if run is not None:
+            run.ops.extend(message.ops)
     elif isinstance(message, Returned):
         h.returned, h.value = True, message.value
     elif isinstance(message, Raised):
@@ -374,6 +379,7 @@ def _start(
             run_dir=str(run_dir),
             join=join,
             coverage_context=current_context(),
+            group_backend=run.group_backend if (run := current_run()) is not None else None,
         )
         mine, theirs = socket.socketpair()
         pid = forker.spawn((spec, fn, args, kwargs), theirs, host_fds)

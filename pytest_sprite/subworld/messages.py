@@ -11,7 +11,7 @@ from typing import Any
 
 from .plan import KillPoint
 
-__all__ = ["Emitted", "Killed", "Raised", "RankMessage", "Ready", "Returned"]
+__all__ = ["Emitted", "Killed", "Raised", "RankMessage", "Ready", "Recorded", "Returned"]
 
 
 @dataclass(frozen=True)
@@ -49,4 +49,12 @@ class Killed:
     signum: int
 
 
-RankMessage = Ready | Emitted | Returned | Raised | Killed
+@dataclass(frozen=True)
+class Recorded:
+    """Under ``--sprite-mutate``: what the rank's collectives and fits recorded (``MutationRun.ops``), sent
+    before it returns or raises; the host adds it to its own record, which its test sends to the controller."""
+
+    ops: tuple[str, ...]
+
+
+RankMessage = Ready | Emitted | Recorded | Returned | Raised | Killed

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pytest_sprite.plumbing.coverage import rank_started, save_rank_data
+from pytest_sprite.plumbing.mutants import current_run
 from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from pytest_sprite.plumbing.protocol import encode_object
 from pytest_sprite.plumbing.stacks import STACK_SIGNAL, keep_stack_dumps
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, join_world, tcp_store
-from .messages import Emitted, Killed, Raised, RankMessage, Ready, Returned
+from .messages import Emitted, Killed, Raised, RankMessage, Ready, Recorded, Returned
 from .plan import KillPlan, KillPoint
 
 __all__ = ["RankSpec", "emit", "in_subworld", "kill_point", "rank_main"]
@@ -43,6 +44,9 @@ class RankSpec:
     coverage_context: str | None = None
     """The coverage context of the process that started the sub-world, the rank's lines counted under it
     (``plumbing/coverage.py``); None when it switched to none."""
+    group_backend: Callable[[str], str] | None = None
+    """Under ``--sprite-mutate``: the device's backend -> the default group's, which records and plants the
+    starting test's mutant (:class:`~pytest_sprite.plumbing.mutants.MutationRun`); None: the device's own."""
 
 
 @dataclass(kw_only=True)
@@ -132,15 +136,17 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         keep_stack_dumps()  # as a ranks test's children: a library's handler reset must not lose the stack
         install_stack_dumps(run_dir / f"rank{rank}.log", run_dir / f"rank{rank}.stacks", STACK_SIGNAL)
         _CONTEXT = _Context(rank=rank, plan=spec.plan, channel=channel)
-        world, store = _join(spec.seat) if spec.join else (spec.seat, None)
+        world, store = _join(spec.seat, spec.group_backend) if spec.join else (spec.seat, None)
         try:
             value = fn(world, *args, **kwargs)
         except BaseException:
             save_rank_data()  # before the test hears of the end: os._exit skips coverage's save
+            _send_record(channel)
             _send(channel, Raised(traceback.format_exc()))
             code = 1
         else:
             save_rank_data()
+            _send_record(channel)
             _send(channel, Returned(value))
         if store is not None:
             _leave(store, spec.seat.world_size)
@@ -158,19 +164,26 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
             os._exit(code)
 
 
+def _send_record(channel: socket.socket) -> None:
+    """Under ``--sprite-mutate``: what this rank recorded, for the test that started it."""
+    run = current_run()
+    if run is not None:
+        _send(channel, Recorded(tuple(run.ops)))
+
+
 def _collect(name: str, rank: int, tensor: Any) -> None:
     """``world.collect`` in a sub-world: the tensor goes to the test as an emitted value."""
     emit(f"collected:{name}", tensor.detach().cpu().clone())
 
 
-def _join(seat: Seat) -> tuple[Any, Any]:
+def _join(seat: Seat, group_backend: Callable[[str], str] | None) -> tuple[Any, Any]:
     """This rank's World and the sub-world's store (hosted by the process that started the sub-world)."""
     seat.export_env()
 
     def connect(timeout: timedelta) -> Any:
         return tcp_store(seat.master_addr, seat.master_port, is_master=False, timeout=timeout)
 
-    return join_world(seat, connect=connect, sink=_collect, group_prefix="pg")
+    return join_world(seat, connect=connect, sink=_collect, group_prefix="pg", group_backend=group_backend)
 
 
 def _leave(store: Any, world_size: int) -> None:

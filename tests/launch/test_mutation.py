@@ -31,7 +31,7 @@ def table(stdout: str) -> dict[str, dict[str, list[str]]]:
     result: dict[str, dict[str, list[str]]] = {}
     current: dict[str, list[str]] = {}
     for line in stdout.splitlines():
-        test = re.match(r"^(\S+::\S+): killed \d+/\d+", line)
+        test = re.match(r"^(\S*::\S+): killed \d+/\d+", line)  # --pyargs: an empty path
         if test:
             current = result.setdefault(test[1].rsplit("::", 1)[1], {})
         row = re.match(r"^    (killed|survived|not applicable): (.*)$", line)
@@ -305,3 +305,68 @@ def test_a_users_suite_strong_tests_kill_weak_ones_do_not(pytester: pytest.Pytes
 )
 def test_a_users_suite_under_mpiexec(pytester: pytest.Pytester) -> None:
     assert user_suite_table(pytester, "--launcher=mpiexec", "--ranks=2") == USER_EXPECTED
+
+
+SHARDED = """
+    import pytest
+    import torch
+
+
+    @pytest.mark.ranks(2)
+    def test_dtensor_redistributes(world):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+        mesh = init_device_mesh("cpu", (world.size,))
+        mine = torch.full((2,), float(world.rank + 1))
+        gathered = DTensor.from_local(mine, mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
+        assert gathered.to_local().tolist() == [1.0, 1.0, 2.0, 2.0]
+        scattered = DTensor.from_local(torch.arange(4.0), mesh, [Partial()]).redistribute(mesh, [Shard(0)])
+        assert scattered.to_local().tolist() == [4.0 * world.rank, 4.0 * world.rank + 2.0]
+        summed = DTensor.from_local(mine.clone(), mesh, [Partial()]).redistribute(mesh, [Replicate()])
+        assert summed.to_local().tolist() == [3.0, 3.0]
+
+
+    @pytest.mark.ranks(2)
+    def test_fsdp2_gradients_match_one_device(world):
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        reference = torch.nn.Linear(4, 4)
+        model = torch.nn.Linear(4, 4)
+        model.load_state_dict(reference.state_dict())
+        fully_shard(model)
+        torch.manual_seed(1)
+        x = torch.randn(4 * world.size, 4)
+        reference(x).pow(2).mean().backward()
+        model(x[4 * world.rank : 4 * (world.rank + 1)]).pow(2).mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp2_reaches_every_mutant_dtensor_only_its_all_reduce(pytester: pytest.Pytester) -> None:
+    """FSDP2's all-gather and reduce-scatter reach the mutants; of DTensor's redistributions only the
+    all-reduce (Partial to Replicate) does: its all-gather and reduce-scatter go through torch's functional
+    collectives to the real backend. Those are not recorded either, so their mutants are not applicable to
+    the test, never survivors."""
+    pytester.makepyfile(test_sharded=SHARDED)
+    result = run(pytester, "--sprite-mutate=collective")
+    result.assert_outcomes(passed=2)
+    allreduce = [
+        "skip_allreduce",
+        "allreduce_sum_as_mean",
+        "allreduce_mean_of_world_plus_one",
+        "stale_allreduce",
+    ]
+    assert table(result.stdout.str()) == {
+        "test_dtensor_redistributes": {
+            "killed": allreduce,
+            "not applicable": ["broadcast_wrong_source", "allgather_swap", "reduce_scatter_shift"],
+        },
+        "test_fsdp2_gradients_match_one_device": {
+            "killed": ["allgather_swap", "reduce_scatter_shift"],
+            "not applicable": [*allreduce, "broadcast_wrong_source"],
+        },
+    }

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from pytest_sprite.glue.mutation_book import MutationBook
-from pytest_sprite.plumbing.mutants import CATALOGUE, applicable, parse_spec, select_mutants
+from pytest_sprite.plumbing.mutants import (
+    CATALOGUE,
+    applicable,
+    catalogue,
+    fault_mutant,
+    parse_spec,
+    select_mutants,
+    use_fault_mutants,
+)
 from pytest_sprite.report.mutation_table import mutation_lines
 
 pytestmark = pytest.mark.cpu
@@ -35,7 +43,7 @@ def test_bad_specs_name_the_source_and_the_valid_values() -> None:
 
 
 def test_selection_by_family_name_or_all() -> None:
-    assert [s.text for s in select_mutants("all", "x")] == [m.name for m in CATALOGUE]
+    assert [s.text for s in select_mutants("all", "x")] == [m.name for m in catalogue()]
     assert len(select_mutants("collective", "x")) == len(CATALOGUE)
     chosen = select_mutants("allgather_swap, skip_allreduce@rank0, allgather_swap", "x")
     assert [s.text for s in chosen] == ["allgather_swap", "skip_allreduce@rank0"]
@@ -48,6 +56,11 @@ def test_a_mutant_applies_only_where_its_op_was_called_often_enough() -> None:
     assert applicable(parse_spec("skip_allreduce@rank1:from2"), called, 2)
     assert applicable(parse_spec("broadcast_wrong_source"), called, 2)
     assert not applicable(parse_spec("allgather_swap"), called, 2)
+    # on one rank, skipping or dividing by the world changes nothing: not applicable; a stale copy does
+    assert not applicable(parse_spec("skip_allreduce"), {0: ["allreduce"]}, 1)
+    assert not applicable(parse_spec("allreduce_sum_as_mean"), {0: ["allreduce"]}, 1)
+    assert applicable(parse_spec("stale_allreduce"), {0: ["allreduce"]}, 1)
+    assert applicable(parse_spec("allreduce_mean_of_world_plus_one"), {0: ["allreduce"]}, 1)
 
 
 def test_the_book_scores_and_reports() -> None:
@@ -70,3 +83,37 @@ def test_the_book_scores_and_reports() -> None:
     ]
     assert mutation_lines(book)[-1] == "mutation score: 0.50, 1 killed of 2 applicable"
     assert MutationBook([]).score is None
+
+
+def test_the_fault_registry_makes_the_training_and_checkpoint_mutants() -> None:
+    """One registry: each registered fault a fit can take from outside the arms is a mutant, the rest are not."""
+    from pytest_sprite.planted_faults import registered_faults
+
+    made = {m.name: m for m in catalogue() if m.family != "collective"}
+    assert {n: (m.family, m.op) for n, m in made.items()} == {
+        "missing-rank": ("training", "step:missing-rank"),
+        "wrong-scale": ("training", "step:wrong-scale"),
+        "accumulate-sum": ("training", "step:accumulate-sum"),
+        "scale-grad": ("training", "step:scale-grad"),
+        "dropped-optimizer-state": ("checkpoint", "restore:dropped-optimizer-state"),
+        "reset-lr-scheduler": ("checkpoint", "restore:reset-lr-scheduler"),
+        "perturbed-weight": ("checkpoint", "restore:perturbed-weight"),
+    }
+    left_out = set(registered_faults()) - set(made)
+    assert left_out == {"fp32-backbone", "local-adapter", "skip-update"}  # they need the arm's own hooks
+    assert [s.text for s in select_mutants("checkpoint", "x")] == [
+        "dropped-optimizer-state",
+        "reset-lr-scheduler",
+        "perturbed-weight",
+    ]
+    assert fault_mutant("x", "", ("loss", "forward_context")) is None
+
+
+def test_a_fault_a_spec_cannot_name_is_refused() -> None:
+    before = [m for m in catalogue() if m.family != "collective"]
+    for name in ("skip_allreduce", "two words", "a@b"):
+        mutant = fault_mutant(name, "", ("loss",))
+        assert mutant is not None
+        with pytest.raises(ValueError, match=rf"^fault '{name}' cannot be a --sprite-mutate mutant: "):
+            use_fault_mutants([mutant])
+    assert [m for m in catalogue() if m.family != "collective"] == before

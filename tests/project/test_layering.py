@@ -104,8 +104,8 @@ RULES: dict[str, tuple[str, ...]] = {
         "subworld",
         "world",
     ),
-    # A test child and its agent: one side of the protocol.
-    "rank": ("env", "errors", "glue", "plumbing", "subworld", "world"),
+    # A test child and its agent: one side of the protocol (and the fault registry's planters as mutants).
+    "rank": ("env", "errors", "planted_faults", "glue", "plumbing", "subworld", "world"),
     # The controller side: launchers, the pool, the scheduler, merging reports.
     "launch": ("env", "errors", "glue", "plumbing", "rank"),
     # Crash consistency: targets that train with the recipes, judged by the assertions.

@@ -255,3 +255,16 @@ def test_a_second_test_waits_for_the_result_the_first_is_computing(tmp_path: Pat
     waiter.join(timeout=10)
     (plan,) = plans
     assert (plan.kind, plan.origin) == ("check", "t::a")  # type: ignore[attr-defined]
+
+
+def test_a_mutant_run_neither_reuses_nor_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``--sprite-mutate`` a stored clean arm must not stand in for the arm a mutant breaks."""
+    from pytest_sprite.plumbing import mutants
+    from pytest_sprite.recipes.clean_references import reuse_mode
+
+    monkeypatch.setattr(mutants, "_RUN", [])
+    assert reuse_mode() == "auto"
+    mutants.start_run(None)  # the test's own run: it records, and shares clean results as before
+    assert reuse_mode() == "auto"
+    mutants.start_run("skip_allreduce")
+    assert reuse_mode() == "off"
