@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -216,6 +217,12 @@ def run_pytest_in_terminal(pytester: pytest.Pytester, *args: str, timeout: float
     finally:
         os.close(terminal)
     return Terminal(process, master, timeout)
+
+
+needs_mpiexec = pytest.mark.skipif(
+    shutil.which("mpiexec") is None, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
+)
+"""For a test that launches with ``--launcher=mpiexec``: skipped where no MPI is installed."""
 
 
 def clear_rank_variables(monkeypatch: pytest.MonkeyPatch) -> None:

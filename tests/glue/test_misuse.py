@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sprite_testing import clear_rank_variables, fnescape, run_pytest
+from sprite_testing import clear_rank_variables, fnescape, needs_mpiexec, run_pytest
 
 from pytest_sprite.glue.options import OPTIONS
 
 pytestmark = pytest.mark.cpu
 
 FAKES = Path(__file__).parents[1] / "fakes"
-HAS_MPIEXEC = shutil.which("mpiexec") is not None
 TIMEOUT = 120
 
 MODULE = """
@@ -90,9 +88,6 @@ def _usage(id: str, *args: str, env: Mapping[str, str] | None = None, line: str)
     return Misuse(id=id, args=(*args, "--collect-only"), env=env or {}, lines=lines)
 
 
-needs_mpiexec = pytest.mark.skipif(
-    not HAS_MPIEXEC, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
-)
 PALS_FAKE = {"PATH": f"{FAKES / 'pals'}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 CASES = [

@@ -15,21 +15,16 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 from functools import partial
 from pathlib import Path
 
 import pytest
-from sprite_testing import clear_rank_variables, local_settings, run_pytest
+from sprite_testing import clear_rank_variables, local_settings, needs_mpiexec, run_pytest
 
 pytestmark = pytest.mark.cpu
 
 TIMEOUT = 120
 FAKES = Path(__file__).parents[1] / "fakes"
-HAS_MPIEXEC = shutil.which("mpiexec") is not None
-needs_mpiexec = pytest.mark.skipif(
-    not HAS_MPIEXEC, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
-)
 
 SCENARIOS = """
 import os

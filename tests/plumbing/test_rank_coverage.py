@@ -10,12 +10,11 @@ when the ranks' data is lost.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from sprite_testing import clear_rank_variables, run_pytest
+from sprite_testing import clear_rank_variables, needs_mpiexec, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -98,9 +97,6 @@ def test_work(world):
 """
 
 FAKES = Path(__file__).parents[1] / "fakes"
-needs_mpiexec = pytest.mark.skipif(
-    shutil.which("mpiexec") is None, reason="MPICH's mpiexec is not on PATH (pip install mpich)"
-)
 
 
 def _line(source: str, text: str) -> int:

@@ -6,8 +6,10 @@ built-in ones register through the same hooks, so a project's sits beside them i
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from sprite_testing import run_pytest
+from sprite_testing import clear_rank_variables, needs_mpiexec, run_pytest
 
 pytestmark = pytest.mark.cpu
 
@@ -50,6 +52,43 @@ def test_a_conftest_adds_a_launcher_that_the_session_validates_and_uses(pytester
     used = run_pytest(pytester, "--launcher=flux", "--ranks=2", timeout=120)
     assert used.ret != pytest.ExitCode.OK
     assert "flux: 'flux run' is not on PATH; load the flux module" in used.stdout.str() + used.stderr.str()
+
+
+@needs_mpiexec
+def test_a_project_launcher_runs_the_tests_and_its_name_goes_into_a_valid_report(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jsonschema
+
+    from pytest_sprite.report.json_report import load_schema
+
+    clear_rank_variables(monkeypatch)
+    pytester.makeconftest(
+        """
+        from pytest_sprite.launch.launchers.mpiexec import MpiexecLauncher
+
+        class HydraLauncher(MpiexecLauncher):
+            name = "hydra"
+            program_name = "mpiexec"
+
+        def pytest_sprite_add_launchers(launchers):
+            launchers.add("hydra", HydraLauncher)
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ranks(2)
+        def test_two(world):
+            assert world.size == 2
+        """
+    )
+    result = run_pytest(pytester, "--launcher=hydra", "--ranks=2", "--sprite-report=report.json", timeout=120)
+    result.assert_outcomes(passed=1)
+    document = json.loads((pytester.path / "report.json").read_text())
+    assert document["environment"]["launcher"] == "hydra"
+    jsonschema.validate(document, load_schema())
 
 
 def test_a_conftest_adds_a_fault_that_the_arms_plant_and_expect_fault_rejected_judges(
