@@ -29,6 +29,7 @@ from pytest_sprite.assertions.tables import (
 )
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.recorded_results import record_assertion
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.plumbing.ranges import fold_ranks
 from pytest_sprite.records import DISTRIBUTED_ARMS, FP32_PRECISION, ArmRecord
 
@@ -228,6 +229,7 @@ PARITY_KIND = pass_or_fail_kind(
 """How the reports show a parity payload (``pytest_sprite.report.kinds`` registers it)."""
 
 
+@phase("judging")
 def assert_parity(ref: ArmRecord, *arms: ArmRecord, rtol: float = 1e-4) -> ParityResult:
     """Require every arm to match the single-device FP32 reference within ``rtol``; return the figures.
 

@@ -265,6 +265,14 @@ def register_options(parser: pytest.Parser) -> None:
         default=False,
         help="Let --sprite-report replace an existing file.",
     )
+    group.addoption(
+        "--sprite-profile",
+        dest="sprite_profile",
+        action="store_true",
+        default=False,
+        help="Measure where each ranks test's time goes, by phase (sub-world start, Trainer, fit set-up, "
+        "steps, records, judging, ...): a table after the run, and each test's phases in --sprite-report.",
+    )
     group.addoption("--sprite-agent", dest="sprite_agent", default=None, help=argparse.SUPPRESS)
 
 
@@ -340,6 +348,8 @@ class Settings:
     report: str | None = None
     """``--sprite-report``: where the session's JSON report goes."""
     report_overwrite: bool = False
+    profile: bool = False
+    """``--sprite-profile``: each ranks test's time by phase, in the summary and the JSON report."""
     plots: str | None = None
     """``--sprite-plots``: directory for PNG plots."""
     summary: str = "auto"
@@ -407,6 +417,7 @@ class Settings:
             collective_check=_collective_check(config),
             report=text("sprite_report"),
             report_overwrite=bool(config.getoption("sprite_report_overwrite", False)),
+            profile=bool(config.getoption("sprite_profile", False)),
             plots=text("sprite_plots"),
             summary=summary_name,
             pack=parse_on_off(*pack) if pack else True,

@@ -26,10 +26,13 @@ import pytest
 from .. import subworld
 from .. import world as _world
 from ..glue.markers import item_ranks_spec
+from ..glue.options import settings_key
 from ..glue.pytest_internals import capture_tmpfiles, record_warnings, runtestprotocol
 from ..glue.recorded_results import DEVICE_ATTR, set_progress_sink
 from ..glue.tmp_path import share_tmp_path, shared_test_dir
+from ..plumbing import phases
 from ..plumbing.coverage import rank_started, save_rank_data
+from ..plumbing.phases import PROFILE_PROPERTY
 from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, RunSpec, decode_frame, send_frame
 from ..plumbing.stacks import STACK_SIGNAL
@@ -155,6 +158,8 @@ class ChildSession:
         if not self.bound:
             return report
         _annotate(report, call)
+        if phases.enabled():  # this phase's time by phase, to the controller in the report
+            report.user_properties.append((PROFILE_PROPERTY, phases.take()))
         world = _world.current_world()
         if world is not None:  # the device this rank ran on, for the per-rank outcomes of the reports
             setattr(report, DEVICE_ATTR, str(world.device))
@@ -438,6 +443,7 @@ def run_child(
         rank_started(f"rank{spec['rank']}")
         _seat(spec).export_env()
         _prepare_item(item, spec)
+        phases.enable(item.config.stash[settings_key].profile)
         capture_tmpfiles(item.config, run_dir)
         session = item.config.pluginmanager.get_plugin(CHILD_SESSION)
         if not isinstance(session, ChildSession):  # registered in the agent before it forked this child

@@ -43,6 +43,7 @@ from pytest_sprite.plumbing.dependency_internals import (
     ddp_logging_data,
     fsdp_mixed_precision,
 )
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.recipes._arm_precision import (
     SHARED_FROM_RANK0,
     SPLIT_ARMS,
@@ -447,7 +448,8 @@ def _fit(fit: ArmFit) -> Trace:
         trainer = make_trainer(
             strategy, root=root, max_epochs=1, max_steps=ident.steps, clip=clip, accumulate=plan.accumulate
         )
-        trainer.fit(module)
+        with phase("fit setup"):
+            trainer.fit(module)
     _check_steps(plan.arm, world.rank, module.trace.mine.steps, ident.steps)
     return module.trace
 

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 from pytest_sprite import subworld
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.planted_faults import PlantSite, plant
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.recipes.fit_kit import (
     IndexedRows,
     collate_indexed,
@@ -280,7 +281,8 @@ def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | No
             clip=recipe.clip,
             callbacks=_checkpoints(spec, directory),
         )
-        trainer.fit(module, ckpt_path=spec.resume_from)
+        with phase("fit setup"):
+            trainer.fit(module, ckpt_path=spec.resume_from)
     written = sorted(p.name for p in directory.glob("*.ckpt")) if directory.is_dir() else []
     return {"strategy_class": type(trainer.strategy).__name__, "checkpoints": written}
 

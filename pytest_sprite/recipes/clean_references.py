@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from pytest_sprite.glue.recorded_results import progress, running_item
 from pytest_sprite.plumbing.mutants import current_run
+from pytest_sprite.plumbing.phases import phase
 
 if TYPE_CHECKING:
     from pytest_sprite.records import RecipeIdentity
@@ -175,10 +176,14 @@ class SessionStore:
                 _unlock(fd)
 
     def load(self, key: str) -> Any:
-        entry = self._read(key)
-        if entry is None:
-            raise RuntimeError(f"the session store lost result {key} under {self.root}")
-        return entry["record"]
+        return record_of(self.load_bytes(key))
+
+    def load_bytes(self, key: str) -> bytes:
+        """The stored entry of ``key`` as written: what rank 0 broadcasts for every rank to unpickle once."""
+        try:
+            return (self.root / f"{key}.pkl").read_bytes()
+        except FileNotFoundError:
+            raise RuntimeError(f"the session store lost result {key} under {self.root}") from None
 
     def check(self, key: str, fresh: Any, what: str) -> str | None:
         """Compare a fresh run with the stored one; set the session's trust; the refusal message, if any."""
@@ -208,13 +213,10 @@ class SessionStore:
             return None
         return about
 
-    def _read(self, key: str) -> dict[str, Any] | None:
-        try:
-            data = (self.root / f"{key}.pkl").read_bytes()
-        except FileNotFoundError:
-            return None
-        entry: dict[str, Any] = pickle.loads(data)
-        return entry
+
+def record_of(entry: bytes) -> Any:
+    """The record in a stored entry's bytes."""
+    return pickle.loads(entry)["record"]
 
 
 def run_counts(root: Path) -> dict[str, int]:
@@ -449,7 +451,8 @@ def obtain(
     k = key()
     plan = world.run_on_rank(0, store.begin, k)
     if plan.kind == "reuse":
-        record: R = world.run_on_rank(0, store.load, k)
+        with phase("records"):
+            record: R = record_of(world.run_on_rank(0, store.load_bytes, k))
         progress(f"{what}: reused from {plan.origin}{_tally(mine)}")
         return record, Origin(plan.origin)
     if plan.kind == "compute":

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import default_collate
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.recipes.mesh import DATA_PARALLEL
 
 if TYPE_CHECKING:
@@ -339,24 +340,26 @@ def make_trainer(
     """
     import lightning.pytorch as pl
 
-    return pl.Trainer(
-        **strategy,
-        max_steps=max_steps,
-        max_epochs=max_epochs,
-        accumulate_grad_batches=accumulate,
-        gradient_clip_val=clip,
-        gradient_clip_algorithm=None if clip is None else "norm",
-        reload_dataloaders_every_n_epochs=1 if reload_every_epoch else 0,
-        use_distributed_sampler=False,
-        logger=False,
-        callbacks=list(callbacks),
-        enable_checkpointing=bool(callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        default_root_dir=root,
-    )
+    with phase("trainer"):
+        trainer = pl.Trainer(
+            **strategy,
+            max_steps=max_steps,
+            max_epochs=max_epochs,
+            accumulate_grad_batches=accumulate,
+            gradient_clip_val=clip,
+            gradient_clip_algorithm=None if clip is None else "norm",
+            reload_dataloaders_every_n_epochs=1 if reload_every_epoch else 0,
+            use_distributed_sampler=False,
+            logger=False,
+            callbacks=list(callbacks),
+            enable_checkpointing=bool(callbacks),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            default_root_dir=root,
+        )
+    return trainer
 
 
 def strategy_name(trainer: pl.Trainer) -> str:
@@ -504,8 +507,9 @@ def share_from_rank0(world: World, trace: T, *, own: S, shared: Sequence[str]) -
     Two collectives: a gather of the small per-rank traces, and a broadcast of rank 0's tensors, so every
     rank builds the same record.
     """
-    per_rank = world.gather_object(own)
-    values = world.broadcast_object(tuple(getattr(trace, name) for name in shared))
+    with phase("records"):
+        per_rank = world.gather_object(own)
+        values = world.broadcast_object(tuple(getattr(trace, name) for name in shared))
     return per_rank, dataclasses.replace(trace, **dict(zip(shared, values, strict=True)))  # type: ignore[type-var]
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.recorded_results import progress
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.plumbing.timing import perf_counter
 from pytest_sprite.recipes.arm_request import FAULT_NEEDS, ArmRequest
 from pytest_sprite.recipes.clean_references import obtain, store_key
@@ -238,7 +239,8 @@ def run_recipe(
     ``artifacts`` rank 0 writes the record under it.
     """
     request = request.checked(recipe, world)
-    arm = _ready_arm(recipe, request, world)
+    with phase("probe"):
+        arm = _ready_arm(recipe, request, world)
     target = None
     if artifacts is not None:
         target = world.run_on_rank(
@@ -283,9 +285,7 @@ def _ready_arm(recipe: Recipe, request: ArmRequest, world: World) -> _ReadyArm:
     from pytest_sprite.recipes._arm_precision import BF16_CRITERION, FP32_PARITY, ArmSites
     from pytest_sprite.recipes.fit_kit import ArmRecipe
 
-    data = draw_rows(recipe, request.steps * request.batch, world)
-    probe = build_model(recipe)
-    check_same_model_everywhere(recipe, probe, world)
+    data, probe = _probed(recipe, request.steps * request.batch, world)
     if request.fault is not None and request.fault in FAULT_NEEDS:
         backbone_module(recipe, probe, request.fault)
     model_id, seq_len = recipe._identity(probe)
@@ -310,6 +310,28 @@ def _ready_arm(recipe: Recipe, request: ArmRequest, world: World) -> _ReadyArm:
         adapters=(adapter_tensor(recipe, probe),),
     )
     return _ReadyArm(rows=data.rows, identity=identity, calls=calls, sites=sites, family=family)
+
+
+_PROBED: dict[object, Any] = {}
+"""The last recipe's rows (by count) and probe model: every arm of a test draws the same rows and builds the
+same probe, so they are drawn, built and checked once (a test's arms call with the test's one recipe)."""
+
+
+def _probed(recipe: Recipe, rows: int, world: World) -> tuple[Any, torch.nn.Module]:
+    """The recipe's first ``rows`` rows (checked deterministic and alike on every rank) and its probe model
+    (checked alike on every rank), once per recipe and world; every rank of the world calls it the same way,
+    so all take the cache or none does (the checks are collectives)."""
+    if _PROBED.get("recipe") is not recipe or _PROBED.get("world") is not world:
+        _PROBED.clear()
+        _PROBED.update(recipe=recipe, world=world)
+    if "probe" not in _PROBED:
+        probe = build_model(recipe)
+        check_same_model_everywhere(recipe, probe, world)
+        _PROBED["probe"] = probe
+    data = _PROBED.get(("rows", rows))
+    if data is None:
+        data = _PROBED[("rows", rows)] = draw_rows(recipe, rows, world)
+    return data, _PROBED["probe"]
 
 
 def _train(recipe: Recipe, request: ArmRequest, ready: _ReadyArm, world: World) -> ArmRecord | Bf16ArmRecord:

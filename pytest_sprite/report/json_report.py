@@ -20,6 +20,7 @@ from pytest_sprite.assertions.numeric import json_safe
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.plumbing.distribution import DISTRIBUTION, installed_version
 from pytest_sprite.report.logged_results import TestEntry
+from pytest_sprite.report.profile import profile_of
 
 __all__ = ["SCHEMA_PATH", "SCHEMA_VERSION", "build_document", "check_target", "load_schema", "write_document"]
 
@@ -106,6 +107,8 @@ def _test(entry: TestEntry) -> dict[str, Any]:
             test[phase] = dict(entry.phases[phase])
     test["ranks"] = [dict(r) for r in entry.ranks]
     test["assertions"] = [_with_fault_verdicts(a) for a in entry.assertions]
+    if entry.profile is not None:
+        test["profile"] = profile_of(entry)
     return test
 
 

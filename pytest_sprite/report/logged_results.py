@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_sprite.glue.recorded_results import RANKS_ATTR, REPORT_ATTR
+from pytest_sprite.plumbing.phases import PROFILE_PROPERTY
 
 __all__ = ["ResultStore", "TestEntry"]
 
@@ -33,6 +34,8 @@ class TestEntry:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     categories: dict[str, str] = field(default_factory=dict)
     """Phase -> pytest's status category (passed, failed, error, skipped, xfailed, xpassed, '')."""
+    profile: dict[str, float] | None = None
+    """Under ``--sprite-profile``, a ranks test: rank 0's seconds by phase, its setup, call and teardown summed."""
 
     @property
     def outcome(self) -> str:
@@ -76,6 +79,11 @@ class ResultStore:
             phase["longrepr"] = _crash_line(report)
         entry.phases[report.when] = phase
         entry.assertions.extend(getattr(report, REPORT_ATTR, None) or [])
+        for name, value in report.user_properties:
+            if name == PROFILE_PROPERTY and isinstance(value, dict):
+                entry.profile = profile = entry.profile or {}
+                for phase_name, seconds in value.items():
+                    profile[phase_name] = profile.get(phase_name, 0.0) + float(seconds)
         ranks = getattr(report, RANKS_ATTR, None)
         if ranks:
             entry.ranks = list(ranks)

@@ -16,6 +16,7 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.mutation_book import mutation_key
 from pytest_sprite.glue.options import Settings
 from pytest_sprite.glue.output_paths import not_written
+from pytest_sprite.plumbing.phases import PROFILE_PROPERTY
 from pytest_sprite.report.logged_results import ResultStore
 
 __all__ = ["SpriteReporter"]
@@ -76,6 +77,8 @@ class SpriteReporter:
     def take(self, report: pytest.TestReport) -> None:
         """Store one report; on a teardown, hand junitxml the test's properties (it reads teardown's)."""
         entry = self.store.add(report)
+        # the phases are in the store now: JUnit's properties would show them as a dict's repr
+        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROFILE_PROPERTY]
         if report.when == "teardown":
             from pytest_sprite.report.junit import junit_properties
 
@@ -148,6 +151,10 @@ class SpriteReporter:
 
             short = self.config.get_verbosity() < 0
             write_summary(terminalreporter, self.store.tests.values(), short=short)
+        if self.settings.profile:
+            from pytest_sprite.report.profile import write_profile_table
+
+            write_profile_table(terminalreporter, self.store.tests.values())
         book = self.config.stash.get(mutation_key, None)
         if book is not None:
             from pytest_sprite.report.mutation_table import write_mutation_table

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_sprite.errors import SpriteUsageError
+from pytest_sprite.plumbing import phases
 from pytest_sprite.plumbing.coverage import current_context
 from pytest_sprite.plumbing.mutants import current_run
 from pytest_sprite.plumbing.output import tail_of_file
@@ -32,7 +33,7 @@ from pytest_sprite.plumbing.stacks import Stacks, read_stacks, take_stacks_of
 from pytest_sprite.plumbing.timing import monotonic, sleep
 
 from .join import Seat, store_listener, tcp_store
-from .messages import Emitted, Killed, Raised, RankMessage, Ready, Recorded, Returned
+from .messages import Emitted, Killed, Profiled, Raised, RankMessage, Ready, Recorded, Returned
 from .plan import KillPlan, KillPoint
 from .rank_body import RankSpec, in_subworld
 from .result import RankOutcome, SubworldResult
@@ -68,6 +69,8 @@ class _Hosted:
     timed_out: bool = False
     no_stack: str = ""
     """Why no stack was taken when the sub-world timed out ("" when one was)."""
+    profile: dict[str, float] = field(default_factory=dict)
+    """Under ``--sprite-profile``: the rank's seconds by phase."""
 
     reader: ObjectReader = field(default_factory=ObjectReader)
 
@@ -97,6 +100,8 @@ def _take(h: _Hosted, message: RankMessage) -> None:
         run = current_run()  # the sub-world rank r runs on test rank r: its record joins this rank's
         if run is not None:
             run.ops.extend(message.ops)
+    elif isinstance(message, Profiled):
+        h.profile = message.totals
     elif isinstance(message, Returned):
         h.returned, h.value = True, message.value
     elif isinstance(message, Raised):
@@ -206,9 +211,10 @@ def run_subworld(
         return _run_in_ranks_test(world, fn, args, kwargs, ranks, kill, float(timeout))
     _refuse_initialized_device()
     size = _check_ranks(ranks, None)
-    return run_plain_world(
-        fn, args, kwargs, size=size, kill=kill, timeout=float(timeout), forker=DirectForker()
-    )
+    with phases.phase("fork"):
+        return run_plain_world(
+            fn, args, kwargs, size=size, kill=kill, timeout=float(timeout), forker=DirectForker()
+        )
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -288,6 +294,7 @@ def run_plain_world(
         )
         store = tcp_store(*address, is_master=True, listen_fd=listener.detach())
     _watch(hosted, forker, store, size, timeout, start, kill, run_dir, peer_grace=peer_grace)
+    _absorb_profile(hosted)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     return SubworldResult(
@@ -327,8 +334,12 @@ def _run_in_ranks_test(
         store = tcp_store(host, port, is_master=False)
     layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
     mine = [_subworld_place(layout, size, world.rank)] if world.rank < size else []
-    hosted, run_dir = _start(zygote, fn, args, kwargs, mine, (host, port), kill, timeout, world.device.type)
-    _watch(hosted, zygote, store, size, timeout, start, kill, run_dir)
+    with phases.phase("fork"):
+        hosted, run_dir = _start(
+            zygote, fn, args, kwargs, mine, (host, port), kill, timeout, world.device.type
+        )
+        _watch(hosted, zygote, store, size, timeout, start, kill, run_dir)
+        _absorb_profile(hosted)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
     gathered = world.gather_object((outcomes, _ready(hosted, start)))
@@ -342,6 +353,13 @@ def _run_in_ranks_test(
         wall_s=world.broadcast_object(monotonic() - start),
         start_s=max(s for _, s in gathered[:size]) if size else 0.0,
     )
+
+
+def _absorb_profile(hosted: Sequence[_Hosted]) -> None:
+    """The first hosted rank's time by phase joins this process's (a ranks test's rank r hosts sub-world
+    rank r; a plain test's host, rank 0, speaks for its sub-world as rank 0 of a test does)."""
+    if hosted:
+        phases.absorb(hosted[0].profile)
 
 
 def _subworld_place(layout: Sequence[tuple[int, int]], size: int, rank: int) -> dict[str, Any]:
@@ -380,6 +398,7 @@ def _start(
             join=join,
             coverage_context=current_context(),
             group_backend=run.group_backend if (run := current_run()) is not None else None,
+            profile=phases.enabled(),
         )
         mine, theirs = socket.socketpair()
         pid = forker.spawn((spec, fn, args, kwargs), theirs, host_fds)

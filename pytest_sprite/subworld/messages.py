@@ -11,7 +11,7 @@ from typing import Any
 
 from .plan import KillPoint
 
-__all__ = ["Emitted", "Killed", "Raised", "RankMessage", "Ready", "Recorded", "Returned"]
+__all__ = ["Emitted", "Killed", "Profiled", "Raised", "RankMessage", "Ready", "Recorded", "Returned"]
 
 
 @dataclass(frozen=True)
@@ -57,4 +57,12 @@ class Recorded:
     ops: tuple[str, ...]
 
 
-RankMessage = Ready | Emitted | Recorded | Returned | Raised | Killed
+@dataclass(frozen=True)
+class Profiled:
+    """Under ``--sprite-profile``: the rank's seconds by phase (``plumbing/phases.py``), sent before it returns
+    or raises; the host counts them inside its own ``fork`` phase, which its test reports."""
+
+    totals: dict[str, float]
+
+
+RankMessage = Ready | Emitted | Recorded | Profiled | Returned | Raised | Killed

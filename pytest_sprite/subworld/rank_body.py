@@ -14,15 +14,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from pytest_sprite.plumbing import phases
 from pytest_sprite.plumbing.coverage import rank_started, save_rank_data
 from pytest_sprite.plumbing.mutants import current_run
 from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
 from pytest_sprite.plumbing.protocol import encode_object
 from pytest_sprite.plumbing.stacks import STACK_SIGNAL, keep_stack_dumps
-from pytest_sprite.plumbing.timing import monotonic, sleep
+from pytest_sprite.plumbing.timing import monotonic, perf_counter, sleep
 
 from .join import Seat, join_world, tcp_store
-from .messages import Emitted, Killed, Raised, RankMessage, Ready, Recorded, Returned
+from .messages import Emitted, Killed, Profiled, Raised, RankMessage, Ready, Recorded, Returned
 from .plan import KillPlan, KillPoint
 
 __all__ = ["RankSpec", "emit", "in_subworld", "kill_point", "rank_main"]
@@ -47,6 +48,8 @@ class RankSpec:
     group_backend: Callable[[str], str] | None = None
     """Under ``--sprite-mutate``: the device's backend -> the default group's, which records and plants the
     starting test's mutant (:class:`~pytest_sprite.plumbing.mutants.MutationRun`); None: the device's own."""
+    profile: bool = False
+    """Under ``--sprite-profile``: count this rank's time by phase and send it back (``plumbing/phases.py``)."""
 
 
 @dataclass(kw_only=True)
@@ -55,6 +58,8 @@ class _Context:
     plan: KillPlan | None
     channel: socket.socket
     counts: dict[str, int] = field(default_factory=dict)
+    started: float = field(default_factory=perf_counter)
+    """When the rank began to run its seat (after its start-up: that is the host's ``fork`` phase)."""
 
 
 _CONTEXT: _Context | None = None
@@ -136,7 +141,9 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
         keep_stack_dumps()  # as a ranks test's children: a library's handler reset must not lose the stack
         install_stack_dumps(run_dir / f"rank{rank}.log", run_dir / f"rank{rank}.stacks", STACK_SIGNAL)
         _CONTEXT = _Context(rank=rank, plan=spec.plan, channel=channel)
-        world, store = _join(spec.seat, spec.group_backend) if spec.join else (spec.seat, None)
+        phases.enable(spec.profile)
+        with phases.phase("join"):
+            world, store = _join(spec.seat, spec.group_backend) if spec.join else (spec.seat, None)
         try:
             value = fn(world, *args, **kwargs)
         except BaseException:
@@ -165,10 +172,13 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
 
 
 def _send_record(channel: socket.socket) -> None:
-    """Under ``--sprite-mutate``: what this rank recorded, for the test that started it."""
+    """Under ``--sprite-mutate``: what this rank recorded; under ``--sprite-profile``: its time by phase; for
+    the test that started it."""
     run = current_run()
     if run is not None:
         _send(channel, Recorded(tuple(run.ops)))
+    if phases.enabled() and _CONTEXT is not None:
+        _send(channel, Profiled(phases.take_lifetime(_CONTEXT.started, "sub-world other")))
 
 
 def _collect(name: str, rank: int, tensor: Any) -> None:

@@ -16,6 +16,7 @@ from pytest_sprite.assertions.criterion.results import (
 from pytest_sprite.assertions.criterion.scoring import diagnostics, score
 from pytest_sprite.assertions.evidence import FailedCheck
 from pytest_sprite.glue.recorded_results import record_assertion
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.records import (
     BF16_ARMS,
     BF16_PRECISION,
@@ -27,6 +28,7 @@ from pytest_sprite.records import (
 __all__ = ["assert_criterion_v2"]
 
 
+@phase("judging")
 def assert_criterion_v2(arms: Mapping[str, Bf16ArmRecord]) -> CriterionResult:
     """Judge the six BF16 arms by criterion v2; return the result on pass, raise :class:`CriterionError` otherwise.
 

@@ -18,6 +18,7 @@ from pytest_sprite.assertions.resume.checks import (
 from pytest_sprite.assertions.resume.results import RESTORE_CHECKS, ResumeArm, ResumeError, ResumeResult
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.recorded_results import record_assertion
+from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.records import FP32_PRECISION, ResumeRun
 
 __all__ = ["assert_resume_bitexact", "judge_resume"]
@@ -36,6 +37,7 @@ def _arm_label(strategy: str, role: str, ranks: int, from_ranks: int, fault: str
     return f"{label} (fault {fault})" if fault else label
 
 
+@phase("judging")
 def judge_resume(run: ResumeRun, *, run_label: str | None = None) -> ResumeResult:
     """Every required check and reported figure of ``run``; pure (no processes, no assertion)."""
     for needed in ("fit", "twin", "killed", "resume", "reload"):
