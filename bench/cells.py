@@ -44,6 +44,7 @@ from cells_tables import (
     seed_figures,
     text_report,
 )
+from profile_split import print_profile, profile_totals
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = {"aurora": ROOT / "hpc" / "aurora" / "README.md", "slurm": ROOT / "hpc" / "slurm" / "README.md"}
@@ -202,13 +203,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_cell(cell: Cell, workdir: Path, timeout: float, tree: Path | None = None) -> dict[str, Any]:
+def run_cell(
+    cell: Cell, workdir: Path, timeout: float, tree: Path | None = None, profile: bool = False
+) -> dict[str, Any]:
     """One pytest session of the cell's tests; its wall time, peak memory, load and the report it wrote.
 
     ``tree``: a folder holding another ``pytest_sprite`` (the committed one), put first on the session's path.
     """
     report, basetemp, log = workdir / f"{cell.name}.json", workdir / cell.name, workdir / f"{cell.name}.log"
-    command = cell.command(str(report), str(basetemp))
+    command = [*cell.command(str(report), str(basetemp)), *(["--sprite-profile"] if profile else [])]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
@@ -255,6 +258,8 @@ def run_cell(cell: Cell, workdir: Path, timeout: float, tree: Path | None = None
             "status": "not run",
             "reason": f"no report (exit {exitcode}): {tail.strip()[-300:]}",
         }
+    if profile:
+        record["profile"] = {k: round(v, 1) for k, v in profile_totals(report).items()}
     return {**record, "status": "measured", **judge(cell, json.loads(report.read_text()))}
 
 
@@ -507,6 +512,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run HEAD's pytest_sprite (git archive), not the working tree's",
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each cell with --sprite-profile and print where its time went",
+    )
+    parser.add_argument(
         "--page", type=Path, default=PAGE, help=f"page to write (default {PAGE.relative_to(ROOT)})"
     )
     args = parser.parse_args(argv)
@@ -533,10 +543,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name}: {c.ranks} ranks, {shlex.join(c.tests)} ...", flush=True)
             workdir = Path(tmp) / c.name
             workdir.mkdir()
-            record = {**run_cell(c, workdir, args.timeout, tree), **env}
+            record = {**run_cell(c, workdir, args.timeout, tree, args.profile), **env}
             records[c.name] = record
             print(f"  {record['wall_s']:.0f} s, peak PSS {record['peak_pss_gb']:.1f} GB: "
                   f"{record.get('result') or 'not run here: ' + record['reason']}", flush=True)  # fmt: skip
+            if "profile" in record:
+                print_profile(f"  {c.name}", dict(record["profile"]))
             data.write_text(json.dumps({"cells": records}, indent=1, ensure_ascii=False) + "\n")
             args.page.write_text(page(cells, records))
     print(f"load average {os.getloadavg()[0]:.1f} after; wrote {args.page} and {data}")

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from profile_split import print_profile, profile_totals
+
 from pytest_sprite.recipes.clean_references import STORE_DIR, run_counts, tally
 
 VOLATILE = (
@@ -64,29 +66,6 @@ def run(
     if done.returncode not in (0, 1):
         print(done.stdout[-4000:], done.stderr[-4000:], sep="\n")
     return {"wall": wall, "counts": run_counts(basetemp / STORE_DIR), "report": report, "rc": done.returncode}
-
-
-def profile_totals(report: Path) -> dict[str, float]:
-    """The session's seconds by phase (``--sprite-profile``), summed over its tests, and ``wall``: their durations."""
-    totals: dict[str, float] = {}
-    for test in json.loads(report.read_text()).get("tests", []):
-        if "profile" in test:
-            totals["wall"] = totals.get("wall", 0.0) + test["duration"]
-            for name, seconds in test["profile"].items():
-                totals[name] = totals.get(name, 0.0) + seconds
-    return totals
-
-
-def print_profile(label: str, totals: dict[str, float]) -> None:
-    wall = totals.pop("wall", 0.0)
-    if not wall:
-        return
-    steps = totals.get("steps", 0.0)
-    split = ", ".join(f"{name} {seconds:.1f}" for name, seconds in totals.items())
-    print(
-        f"  {label}: tests {wall:.1f} s, the fits' steps {steps:.1f} s, outside them {100 * (wall - steps) / wall:.0f}%"
-    )
-    print(f"    by phase (s): {split}")
 
 
 def comparable(value: Any) -> Any:
