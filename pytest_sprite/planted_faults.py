@@ -235,6 +235,26 @@ class _PerturbWeight(Planter):
         return any(p.requires_grad for p in trainer.lightning_module.parameters())
 
 
+class _UnrestoredRng(Planter):
+    """Every random generator (torch's on the CPU and the devices, Python's, NumPy's) takes another state right
+    after the restore, as if the checkpoint's RNG state had not been loaded. The new seed is drawn from the
+    restored state, so the mutant is the same on every run and on every rank that restored the same state."""
+
+    def after_restore(self, trainer: Any, site: PlantSite) -> None:
+        import random
+
+        import torch
+
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        torch.manual_seed(seed)  # the CPU generator and every device's
+        random.seed(seed)
+        try:
+            import numpy
+        except ImportError:
+            return
+        numpy.random.seed(seed)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Fault:
     """One fault: what it breaks, the arms it may be planted on, the checks that must reject it, its planter."""
@@ -244,9 +264,11 @@ class Fault:
     description: str
     """What the fault does to the training step."""
     arms: tuple[str, ...]
-    """Arms it may be planted on; planting it elsewhere is a usage error naming these."""
+    """Arms it may be planted on; planting it elsewhere is a usage error naming these. None: a fault of a
+    user's own fits only, planted by ``--sprite-mutate`` (no check of the plugin's judges it)."""
     by: tuple[str, ...]
-    """Checks that must be among the failed ones (``expect_fault_rejected``'s default ``by=``)."""
+    """Checks that must be among the failed ones (``expect_fault_rejected``'s default ``by=``); none for a
+    fault no arm takes."""
     planter: Planter
     """What plants it: the hooks the arms call."""
     by_assertion: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -258,6 +280,11 @@ class Fault:
 
     def check(self, site: PlantSite) -> None:
         """Refuse, before training, an arm the fault is not for, or a run its planter cannot break."""
+        if not self.arms:
+            raise SpriteUsageError(
+                f"fault {self.name!r} is planted only by --sprite-mutate, in a test's own Lightning fits: no arm "
+                "of pytest-sprite's recipes takes it"
+            )
         if site.arm not in self.arms:
             reference = "; the reference arm always runs clean" if site.arm == "single" else ""
             raise SpriteUsageError(
@@ -340,6 +367,14 @@ BUILTIN_FAULTS: Final[tuple[Fault, ...]] = (
         arms=("resume",),
         by=("trainables",),
         planter=_PerturbWeight(),
+    ),
+    Fault(
+        name="unrestored-rng",
+        description="the random generators take another state right after the checkpoint restore, as if the "
+        "checkpoint's RNG state had not been loaded",
+        arms=(),
+        by=(),
+        planter=_UnrestoredRng(),
     ),
 )
 """The faults pytest-sprite ships (registered through ``pytest_sprite_add_faults`` like a project's)."""

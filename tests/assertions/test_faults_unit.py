@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cpu
 
 KNOWN = (
     "missing-rank, wrong-scale, accumulate-sum, fp32-backbone, local-adapter, scale-grad, skip-update, "
-    "dropped-optimizer-state, reset-lr-scheduler, perturbed-weight"
+    "dropped-optimizer-state, reset-lr-scheduler, perturbed-weight, unrestored-rng"
 )
 RESERVED: tuple[str, ...] = ()  # every fault of the seed is planted now (criterion and resume merged)
 
@@ -152,13 +152,24 @@ def test_registry_names_every_seed_fault() -> None:
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_every_registered_fault_has_a_planter_and_known_checks(name: str) -> None:
     fault = FAULTS[name]
-    assert fault.name == name and fault.description and fault.arms
+    assert fault.name == name and fault.description
     assert isinstance(fault.planter, Planter) and fault.planter is not CLEAN
     assert fault.planter.hooks(), f"{name}'s planter overrides no hook, so planting it changes nothing"
-    assert fault.by and set(fault.by) <= set(PARITY_CHECKS) | set(CRITERION_CHECKS) | set(RESUME_CHECKS)
+    assert set(fault.by) <= set(PARITY_CHECKS) | set(CRITERION_CHECKS) | set(RESUME_CHECKS)
+    # a fault an arm takes names the checks that reject it; one no arm takes is a mutant of users' fits only
+    assert bool(fault.by) == bool(fault.arms)
     for kind, checks in fault.by_assertion.items():
         assert kind == "criterion_v2" and checks and set(checks) <= set(CRITERION_CHECKS)
     assert CLEAN.hooks() == ()
+
+
+def test_a_fault_no_arm_takes_is_refused_on_every_arm_saying_where_it_goes() -> None:
+    with pytest.raises(SpriteUsageError) as exc:
+        plant("unrestored-rng", PlantSite(arm="resume", rank=0, world_size=2, accumulate=1))
+    assert str(exc.value) == (
+        "fault 'unrestored-rng' is planted only by --sprite-mutate, in a test's own Lightning fits: no arm of "
+        "pytest-sprite's recipes takes it"
+    )
 
 
 def test_a_fault_planted_on_an_arm_it_is_not_for_names_the_valid_arms() -> None:

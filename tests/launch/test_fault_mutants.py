@@ -143,6 +143,33 @@ FITS = """
         assert resumed.trainer.global_step == whole.trainer.global_step == 4
 
 
+    class Noisy(Net):
+        # dropout in its step; it saves torch's RNG state with its checkpoint and restores it (Lightning does not)
+        def training_step(self, batch, batch_idx):
+            (x,) = batch
+            return torch.nn.functional.dropout(self.lin(x), p=0.5).pow(2).mean()
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["rng"] = torch.get_rng_state()
+
+        def on_load_checkpoint(self, checkpoint):
+            torch.set_rng_state(checkpoint["rng"])
+
+
+    @pytest.mark.ranks(2)
+    def test_dropout_resume_matches_the_uninterrupted_fit(world, tmp_path):
+        data = loader(world, batch=len(rows()) // world.size)
+        first, resumed, whole = Noisy("adamw"), Noisy("adamw"), Noisy("adamw")
+        torch.manual_seed(5)
+        half = trainer(world, tmp_path, 2)
+        half.fit(first, data)
+        half.save_checkpoint(tmp_path / "half.ckpt")
+        trainer(world, tmp_path, 4).fit(resumed, data, ckpt_path=tmp_path / "half.ckpt")
+        torch.manual_seed(5)
+        trainer(world, tmp_path, 4).fit(whole, data)
+        torch.testing.assert_close(resumed.lin.weight, whole.lin.weight, rtol=0, atol=0)
+
+
     def sum_and_resume(world, tmp_path):
         total = torch.tensor([float(world.rank + 1)])
         dist.all_reduce(total)
@@ -179,6 +206,7 @@ PROJECT_FAULT = """
 
 TRAINING = ["missing-rank", "wrong-scale", "accumulate-sum", "scale-grad"]
 CHECKPOINT = ["dropped-optimizer-state", "reset-lr-scheduler", "perturbed-weight"]
+RNG = "unrestored-rng"  # killed only by a test whose fit draws random numbers after the restore
 
 
 FAST_EXPECTED = {
@@ -233,10 +261,16 @@ def test_each_fault_mutant_and_a_projects_own_are_killed_by_one_test_and_survive
     pytester.makepyfile(test_fits=FITS)
     pytester.makeconftest(PROJECT_FAULT)
     result = run(pytester, "--sprite-mutate=skip_allreduce,training,checkpoint")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=9)
     got = table(result.stdout.str())
     # a sub-world's fits take the test's mutants, collectives included
     assert got["test_a_subworld_sums_and_resumes"]["killed"] == ["skip_allreduce", *CHECKPOINT]
+    assert got["test_a_subworld_sums_and_resumes"]["survived"] == [
+        "missing-rank",
+        "wrong-scale",
+        "first-gradient-lost",
+        RNG,
+    ]
     for entry in got.values():  # the rest is about the fault mutants
         for names in entry.values():
             names[:] = [n for n in names if n != "skip_allreduce"]
@@ -256,11 +290,15 @@ def test_each_fault_mutant_and_a_projects_own_are_killed_by_one_test_and_survive
     ]
     assert got["test_fit_loss_is_finite[bf16-mixed]"]["survived"] == [*TRAINING, own]
     assert got["test_resume_matches_the_uninterrupted_fit"]["killed"] == CHECKPOINT
+    # the same comparison with dropout and the RNG state saved and restored by the module: the RNG mutant dies
+    assert got["test_resume_matches_the_uninterrupted_fit"]["survived"][-1] == RNG
+    assert got["test_dropout_resume_matches_the_uninterrupted_fit"]["killed"][-4:] == [*CHECKPOINT, RNG]
     assert got["test_resume_runs_to_the_end"]["survived"] == [
         "missing-rank",
         "wrong-scale",
         own,
         *CHECKPOINT,
+        RNG,
     ]
     # a fit that restored nothing takes no checkpoint mutant; an FP32 fit no BF16 control
-    assert got["test_fit_loss_is_finite[32-true]"]["not applicable"] == ["scale-grad", *CHECKPOINT]
+    assert got["test_fit_loss_is_finite[32-true]"]["not applicable"] == ["scale-grad", *CHECKPOINT, RNG]

@@ -98,6 +98,7 @@ def test_the_fault_registry_makes_the_training_and_checkpoint_mutants() -> None:
         "dropped-optimizer-state": ("checkpoint", "restore:dropped-optimizer-state"),
         "reset-lr-scheduler": ("checkpoint", "restore:reset-lr-scheduler"),
         "perturbed-weight": ("checkpoint", "restore:perturbed-weight"),
+        "unrestored-rng": ("checkpoint", "restore:unrestored-rng"),
     }
     left_out = set(registered_faults()) - set(made)
     assert left_out == {"fp32-backbone", "local-adapter", "skip-update"}  # they need the arm's own hooks
@@ -105,6 +106,7 @@ def test_the_fault_registry_makes_the_training_and_checkpoint_mutants() -> None:
         "dropped-optimizer-state",
         "reset-lr-scheduler",
         "perturbed-weight",
+        "unrestored-rng",
     ]
     assert fault_mutant("x", "", ("loss", "forward_context")) is None
 

@@ -124,7 +124,7 @@ def test_a_conftest_adds_a_fault_that_the_arms_plant_and_expect_fault_rejected_j
             assert plant("skipped-allreduce", site).skip_step(0, 1, site)
             with pytest.raises(SpriteUsageError, match="applies to arms ddp, not 'fsdp'"):
                 plant("skipped-allreduce", PlantSite(arm="fsdp", rank=1, world_size=2, accumulate=1))
-            with pytest.raises(SpriteUsageError, match="known faults: .*perturbed-weight, skipped-allreduce"):
+            with pytest.raises(SpriteUsageError, match="known faults: .*unrestored-rng, skipped-allreduce"):
                 get_fault("skiped-allreduce")
 
         def test_judged_by_its_checks():
