@@ -68,23 +68,24 @@ def score(role: str, arm: Bf16ArmRecord, ref: Bf16ArmRecord) -> ScoredComparison
         for k in ref.trainable_names
     )
     _fail_over("tensor_updates", "tensor updates", updates, fail)
-    return _comparison(role, arm, _StepZero(pre_rel, where, gradients, update_rel, updates, tuple(failed)))
+    return _comparison(role, arm, _StepZero(pre_rel, where, gradients, update_rel, updates), tuple(failed))
 
 
 class _StepZero(NamedTuple):
-    """An arm's figures of the scored step-0 checks, measured or (no step 0) all failed, in the order and
-    under the names of :class:`ScoredComparison`'s: both ways of scoring an arm make its comparison alike."""
+    """An arm's step-0 figures, measured or (no step 0) infinite, under :class:`ScoredComparison`'s names:
+    both ways of scoring an arm make its comparison with :func:`_comparison`."""
 
     pre_norm_rel: float
     pre_norm_where: str
     gradients: tuple[TensorGap, ...]
     update_rel_l2: float
     updates: tuple[TensorGap, ...]
-    failed: tuple[FailedCheck, ...]
 
 
-def _comparison(role: str, arm: Bf16ArmRecord, figures: _StepZero) -> ScoredComparison:
-    return ScoredComparison(role=role, label=arm.label, fault=arm.fault, **figures._asdict())
+def _comparison(
+    role: str, arm: Bf16ArmRecord, figures: _StepZero, failed: tuple[FailedCheck, ...]
+) -> ScoredComparison:
+    return ScoredComparison(role=role, label=arm.label, fault=arm.fault, **figures._asdict(), failed=failed)
 
 
 def _fail_over(check: str, what: str, gaps: tuple[TensorGap, ...], fail: Callable[[str, str], None]) -> None:
@@ -107,7 +108,7 @@ def _no_step_zero(role: str, arm: Bf16ArmRecord, ref: Bf16ArmRecord) -> ScoredCo
     failed = tuple(
         FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail) for check in CRITERION_SCORED
     )
-    return _comparison(role, arm, _StepZero(math.inf, detail, inf_gaps, math.inf, inf_gaps, failed))
+    return _comparison(role, arm, _StepZero(math.inf, detail, inf_gaps, math.inf, inf_gaps), failed)
 
 
 def tensor_gap(
