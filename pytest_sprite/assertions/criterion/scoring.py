@@ -85,6 +85,7 @@ class _StepZero(NamedTuple):
 def _comparison(
     role: str, arm: Bf16ArmRecord, figures: _StepZero, failed: tuple[FailedCheck, ...]
 ) -> ScoredComparison:
+    """``arm``'s comparison in ``role``: the one place it is made, from figures measured or not."""
     return ScoredComparison(role=role, label=arm.label, fault=arm.fault, **figures._asdict(), failed=failed)
 
 
