@@ -547,7 +547,7 @@ class ObjectReader:
     def feed(self, data: bytes) -> list[Any]:
         """Add bytes; return the messages now complete, in order (the reader checks their type)."""
         size = _OBJECT_HEADER.size
-        return [pickle.loads(frame[size:]) for frame in self._frames.feed(data)]
+        return [pickle.loads(memoryview(frame)[size:]) for frame in self._frames.feed(data)]
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
