@@ -7,9 +7,9 @@ gets a synthesized failed report for the phase it was in. Unit-tested without pr
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from pytest import TestReport
 
@@ -33,6 +33,8 @@ from .rollcall import (
 )
 
 __all__ = ["RankFailures", "merge_rank_reports"]
+
+_Report = TypeVar("_Report", bound=TestReport)
 
 
 @dataclass(eq=False)
@@ -85,11 +87,25 @@ def _failure_key(longrepr: Any) -> Any:
     return str(longrepr)
 
 
+class _Test(NamedTuple):
+    """What every report of the test, merged or made up here, names it by (``TestReport``'s first arguments),
+    handed down as one."""
+
+    nodeid: str
+    location: tuple[str, int | None, str]
+    keywords: dict[str, Any]
+
+    def phase_report(
+        self, make: Callable[..., _Report], phase: str, outcome: str, longrepr: Any, **more: Any
+    ) -> _Report:
+        """A report of the test's ``phase``: the made-up ones (``TestReport``) and the merged ones
+        (``ranked_report``) are made the same way."""
+        return make(**self._asdict(), outcome=outcome, longrepr=longrepr, when=phase, **more)
+
+
 def _synthesize(
     template: TestReport | None,
-    nodeid: str,
-    location: Any,
-    keywords: Any,
+    test: _Test,
     phase: str,
     text: str,
     *,
@@ -99,18 +115,10 @@ def _synthesize(
     if timing is None:
         timing = (template.start, template.stop) if template is not None else (0.0, 0.0)
     start, stop = timing
-    return TestReport(
-        nodeid=nodeid,
-        location=location,
-        keywords=keywords,
-        outcome="failed",
-        longrepr=text,
-        when=phase,  # type: ignore[arg-type]
-        sections=[],
-        duration=max(0.0, stop - start),
-        start=start,
-        stop=stop,
-        user_properties=list(template.user_properties) if template else [],
+    held = {"duration": max(0.0, stop - start), "start": start, "stop": stop}
+    user_properties = list(template.user_properties) if template else []
+    return test.phase_report(
+        TestReport, phase, "failed", text, sections=[], user_properties=user_properties, **held
     )
 
 
@@ -143,12 +151,11 @@ def merge_rank_reports(
     outcomes = rank_outcomes(
         per_rank=per_rank, ends=ends, world_size=world_size, hosts=hosts or {}, started_at=started_at
     )
-    by_phase, synthesized = _reports_by_phase(
-        per_rank, ends, world_size, nodeid, location, keywords, started_at
-    )
+    test = _Test(nodeid, location, keywords)
+    by_phase, synthesized = _reports_by_phase(per_rank, ends, world_size, test, started_at)
     places = rank_places(per_rank=per_rank, ends=ends, world_size=world_size, woken=woken)
-    causes = _blame_lost_peers(by_phase, places, nodeid, location, keywords)
-    _roll_call(by_phase, ends, places, synthesized, woken, stacks_took, nodeid, location, keywords)
+    causes = _blame_lost_peers(by_phase, places, test)
+    _roll_call(_RollCallRanks(by_phase, synthesized, ends, places, woken), stacks_took, test)
     _no_call_after_a_failed_setup(by_phase)
     merged = []
     for phase in PHASES:
@@ -157,9 +164,7 @@ def merge_rank_reports(
                 _merge_phase(
                     phase,
                     by_phase[phase],
-                    nodeid,
-                    location,
-                    keywords,
+                    test,
                     world_size,
                     failure_order,
                     ends,
@@ -186,9 +191,7 @@ def _reports_by_phase(
     per_rank: dict[int, list[TestReport]],
     ends: dict[int, RankEnd],
     world_size: int,
-    nodeid: str,
-    location: tuple[str, int | None, str],
-    keywords: dict[str, Any],
+    test: _Test,
     started_at: float | None,
 ) -> tuple[dict[str, dict[int, TestReport]], dict[int, str]]:
     """Each phase's report of each rank, one synthesized where a rank ended without finishing.
@@ -207,9 +210,7 @@ def _reports_by_phase(
             synthesized[rank] = running
             by_phase[running][rank] = _synthesize(
                 reports[0] if reports else None,
-                nodeid,
-                location,
-                keywords,
+                test,
                 running,
                 describe_end(end, running),
                 timing=held_until_end(reports, end, started_at),
@@ -220,9 +221,7 @@ def _reports_by_phase(
 def _blame_lost_peers(
     by_phase: dict[str, dict[int, TestReport]],
     places: dict[int, Place],
-    nodeid: str,
-    location: Any,
-    keywords: Any,
+    test: _Test,
 ) -> list[int]:
     """Name the rank that left the test while its peers waited in a collective; return the causes.
 
@@ -252,26 +251,29 @@ def _blame_lost_peers(
             f"    {'' if one else f'(rank {lost[0]}) '}{evidence.strip()[:300]}"
         )
         for rank in lost:
-            reps[rank] = _synthesize(reps[rank], nodeid, location, keywords, phase, text)
+            reps[rank] = _synthesize(reps[rank], test, phase, text)
     for rank in causes:
         call = by_phase["call"].get(rank)
         if call is not None and call.passed:
             text = f"{sentence}: {fold_ranks([rank])} left a collective its peers were in"
-            by_phase["call"][rank] = _synthesize(call, nodeid, location, keywords, "call", text)
+            by_phase["call"][rank] = _synthesize(call, test, "call", text)
     return causes
 
 
-def _roll_call(
-    by_phase: dict[str, dict[int, TestReport]],
-    ends: dict[int, RankEnd],
-    places: dict[int, Place],
-    synthesized: dict[int, str],
-    woken: Collection[int],
-    stacks_took: float | None,
-    nodeid: str,
-    location: Any,
-    keywords: Any,
-) -> None:
+@dataclass(frozen=True)
+class _RollCallRanks:
+    """What the roll call reads of every rank, handed down as one: its reports by phase (which it rewrites),
+    the phase of the report made up for it (``synthesized``, which it moves), how it ended, where it was, and
+    the ranks woken to give their stacks."""
+
+    by_phase: dict[str, dict[int, TestReport]]
+    synthesized: dict[int, str]
+    ends: dict[int, RankEnd]
+    places: dict[int, Place]
+    woken: Collection[int]
+
+
+def _roll_call(ranks: _RollCallRanks, stacks_took: float | None, test: _Test) -> None:
     """Ranks the harness ended (a timeout, or a peer that failed) share one report per phase: the roll call.
 
     Its first line says why they were ended and names the cause or the odd ones; then where every
@@ -279,10 +281,11 @@ def _roll_call(
     stack could not be taken and why, and their last output, folded. Only the first phase with
     ended ranks carries the roll call; a later one points to it.
     """
+    by_phase, synthesized, ends, places = ranks.by_phase, ranks.synthesized, ranks.ends, ranks.places
     ended = sorted(r for r, end in ends.items() if end.ended_by in ("timeout", "peer_failed"))
     if not ended:
         return
-    reasons = _roll_call_reasons(by_phase, ends, places, synthesized, woken, ended)
+    reasons = _roll_call_reasons(ranks, ended)
     cause = cause_sentence(places)
     headline = cause[1] if cause is not None else odd_ones(places)
     shown_in: str | None = None
@@ -311,25 +314,17 @@ def _roll_call(
                 lines.append(f"(where each rank was: see the roll call of the {shown_in} failure)")
             text = "\n".join(lines)
             for rank in here:
-                by_phase[phase][rank] = _synthesize(
-                    by_phase[phase][rank], nodeid, location, keywords, phase, text
-                )
+                by_phase[phase][rank] = _synthesize(by_phase[phase][rank], test, phase, text)
 
 
-def _roll_call_reasons(
-    by_phase: dict[str, dict[int, TestReport]],
-    ends: dict[int, RankEnd],
-    places: dict[int, Place],
-    synthesized: dict[int, str],
-    woken: Collection[int],
-    ended: list[int],
-) -> dict[int, EndedBy | None]:
+def _roll_call_reasons(ranks: _RollCallRanks, ended: list[int]) -> dict[int, EndedBy | None]:
     """Rank -> why it is in the roll call: the ranks the harness ended, and the woken ranks waiting beside them.
 
     Moves each such rank's report to the phase of its transport error (``synthesized``).
     """
+    by_phase, synthesized, ends, places = ranks.by_phase, ranks.synthesized, ranks.ends, ranks.places
     reasons = {r: ends[r].ended_by for r in ended}
-    for rank in woken:
+    for rank in ranks.woken:
         if rank not in reasons and places[rank].waiting is not None:
             reasons[rank] = ends[ended[0]].ended_by
             synthesized[rank] = ""  # no report of its own was made up: set to the phase of its error below
@@ -340,7 +335,11 @@ def _roll_call_reasons(
             (p for p in PHASES if rank in by_phase[p] and is_transport_failure(by_phase[p][rank])), None
         )
         # It may also have finished its test after the error, before its agent killed it (seen at 96 ranks).
-        if phase is not None and places[rank].waiting is not None and (rank in woken or rank in synthesized):
+        if (
+            phase is not None
+            and places[rank].waiting is not None
+            and (rank in ranks.woken or rank in synthesized)
+        ):
             made_up = synthesized.get(rank, "")
             if made_up not in ("", phase) and rank in by_phase[made_up]:
                 del by_phase[made_up][rank]
@@ -413,9 +412,7 @@ def _held(reps: Collection[TestReport]) -> dict[str, float]:
 def _merge_phase(
     phase: str,
     reps: dict[int, TestReport],
-    nodeid: str,
-    location: Any,
-    keywords: dict[str, Any],
+    test: _Test,
     world_size: int,
     failure_order: Sequence[int],
     ends: dict[int, RankEnd],
@@ -433,7 +430,7 @@ def _merge_phase(
         user_properties.extend((f"sprite.rank{r}", reps[r].outcome) for r in ranks)
         user_properties.append(("sprite.world_size", world_size))
     if failed:
-        longrepr: Any = _rank_failures(reps, failed, failure_order, causes, ends, location)
+        longrepr: Any = _rank_failures(reps, failed, failure_order, causes, ends, test.location)
         if skipped:
             sections.append(("sprite", f"{fold_ranks(skipped)} skipped this phase"))
         outcome = "failed"
@@ -445,16 +442,9 @@ def _merge_phase(
         outcome, longrepr = "passed", None
         if skipped:
             sections.append(("sprite", f"{fold_ranks(skipped)} skipped, the others passed"))
-    merged = ranked_report(
-        nodeid=nodeid,
-        location=location,
-        keywords=keywords,
-        outcome=outcome,
-        longrepr=longrepr,
-        when=phase,
-        sections=sections,
-        **_held(reps.values()),
-        user_properties=user_properties,
+    held = _held(reps.values())
+    merged = test.phase_report(
+        ranked_report, phase, outcome, longrepr, sections=sections, user_properties=user_properties, **held
     )
     # Every rank records the same verdict: keep the lowest rank's results rather than N copies.
     recorded = next(

@@ -57,61 +57,35 @@ class Mutant:
     all-reduce of one, a broadcast from the next of one), not applicable to a one-rank test."""
 
 
+_COLLECTIVE_DOCS: Final[Mapping[str, str]] = {
+    "skip_allreduce": "the rank's all-reduce is skipped: its tensor keeps its own contribution",
+    "allreduce_sum_as_mean": "the all-reduce's result is divided by the world size (a SUM read as the average)",
+    "allreduce_mean_of_world_plus_one": (
+        "the all-reduce's result is scaled by world/(world+1) (the average of a world one rank larger)"
+    ),
+    "stale_allreduce": "the rank contributes a stale copy of the buffer (its previous call's input, zeros at first)",
+    "broadcast_wrong_source": "the broadcast comes from the next rank instead of its source",
+    "allgather_swap": "the all-gather's shards of the first two ranks are swapped",
+    "reduce_scatter_shift": "each rank receives the reduce-scatter shard of the next rank",
+}
+"""What each collective mutant does to the collective it is planted in (its ``doc``)."""
+
+
+def _collective(name: str, op: str, ranks: Literal["last", "all"], *, min_world: int) -> Mutant:
+    """A collective mutant, so that the catalogue below is a table of what sets them apart, one a line."""
+    return Mutant(
+        name=name, family="collective", op=op, ranks=ranks, doc=_COLLECTIVE_DOCS[name], min_world=min_world
+    )
+
+
 CATALOGUE: Final[tuple[Mutant, ...]] = (
-    Mutant(
-        name="skip_allreduce",
-        family="collective",
-        op="allreduce",
-        ranks="last",
-        doc="the rank's all-reduce is skipped: its tensor keeps its own contribution",
-        min_world=2,
-    ),
-    Mutant(
-        name="allreduce_sum_as_mean",
-        family="collective",
-        op="allreduce",
-        ranks="all",
-        doc="the all-reduce's result is divided by the world size (a SUM read as the average)",
-        min_world=2,
-    ),
-    Mutant(
-        name="allreduce_mean_of_world_plus_one",
-        family="collective",
-        op="allreduce",
-        ranks="all",
-        doc="the all-reduce's result is scaled by world/(world+1) (the average of a world one rank larger)",
-    ),
-    Mutant(
-        name="stale_allreduce",
-        family="collective",
-        op="allreduce",
-        ranks="last",
-        doc="the rank contributes a stale copy of the buffer (its previous call's input, zeros at first)",
-    ),
-    Mutant(
-        name="broadcast_wrong_source",
-        family="collective",
-        op="broadcast",
-        ranks="all",
-        doc="the broadcast comes from the next rank instead of its source",
-        min_world=2,
-    ),
-    Mutant(
-        name="allgather_swap",
-        family="collective",
-        op="allgather",
-        ranks="all",
-        doc="the all-gather's shards of the first two ranks are swapped",
-        min_world=2,
-    ),
-    Mutant(
-        name="reduce_scatter_shift",
-        family="collective",
-        op="reduce_scatter",
-        ranks="all",
-        doc="each rank receives the reduce-scatter shard of the next rank",
-        min_world=2,
-    ),
+    _collective("skip_allreduce", "allreduce", "last", min_world=2),
+    _collective("allreduce_sum_as_mean", "allreduce", "all", min_world=2),
+    _collective("allreduce_mean_of_world_plus_one", "allreduce", "all", min_world=1),
+    _collective("stale_allreduce", "allreduce", "last", min_world=1),
+    _collective("broadcast_wrong_source", "broadcast", "all", min_world=2),
+    _collective("allgather_swap", "allgather", "all", min_world=2),
+    _collective("reduce_scatter_shift", "reduce_scatter", "all", min_world=2),
 )
 
 PLANTABLE_HOOKS: Final[Mapping[str, str]] = {

@@ -498,16 +498,18 @@ def recv_frame(sock: socket.socket, max_size: int = MAX_FRAME) -> tuple[str, dic
 class FrameReader:
     """Incremental decoder for a non-blocking byte stream (a child's pipe read with ``os.read``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, header: struct.Struct = _HEADER) -> None:
         self._buf = bytearray()
+        self._header = header
+        """The length prefix of a frame: a JSON frame's, or a sub-world frame's (:class:`ObjectReader`)."""
 
     def feed(self, data: bytes) -> list[bytes]:
         """Add bytes; return the complete raw frames (header included) now available."""
         self._buf += data
         frames = []
-        while len(self._buf) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buf)
-            end = _HEADER.size + length
+        while len(self._buf) >= self._header.size:
+            (length,) = self._header.unpack_from(self._buf)
+            end = self._header.size + length
             if len(self._buf) < end:
                 break
             frames.append(bytes(self._buf[:end]))
@@ -540,20 +542,12 @@ class ObjectReader:
     """Incremental decoder of sub-world frames read from a non-blocking socket."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._frames = FrameReader(_OBJECT_HEADER)
 
     def feed(self, data: bytes) -> list[Any]:
         """Add bytes; return the messages now complete, in order (the reader checks their type)."""
-        self._buf += data
-        messages = []
         size = _OBJECT_HEADER.size
-        while len(self._buf) >= size:
-            (length,) = _OBJECT_HEADER.unpack_from(self._buf)
-            if len(self._buf) < size + length:
-                break
-            messages.append(pickle.loads(bytes(self._buf[size : size + length])))
-            del self._buf[: size + length]
-        return messages
+        return [pickle.loads(memoryview(frame)[size:]) for frame in self._frames.feed(data)]
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

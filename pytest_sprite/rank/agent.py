@@ -122,34 +122,29 @@ def connect_to_controller(host: str, port: int, timeout: float = 60.0) -> socket
             sleep(0.2)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class Agent:
     """Serves the controller's commands for one rank until ``shutdown`` or the controller goes away."""
 
-    def __init__(
-        self,
-        *,
-        config: pytest.Config,
-        items: Mapping[str, pytest.Item],
-        rank: int,
-        sock: socket.socket,
-        rendezvous_bind: str = "",
-    ) -> None:
-        self.config = config
-        self.items = items
-        self.rank = rank
-        self.sock = sock
-        self.rendezvous_bind = rendezvous_bind
-        """Address agent 0 binds the rendezvous socket to: loopback for forked agents, all interfaces otherwise."""
-        self.child: _Child | None = None
-        self.reserved: socket.socket | None = None
-        self.exiting: list[int] = []
-        self.spare: _Spare | None = None
-        self.pristine: Pristine | None = None
-        """The agent's pristine sub-world zygote (``subworld.zygote``), from which a test's own is forked:
-        forked the first time a test child asks for one."""
-        self._spares = 0
-        """Children that reported done and are still tearing down; reaped without blocking."""
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{rank}-"))
+    config: pytest.Config
+    items: Mapping[str, pytest.Item]
+    rank: int
+    sock: socket.socket
+    rendezvous_bind: str = ""
+    """Address agent 0 binds the rendezvous socket to: loopback for forked agents, all interfaces otherwise."""
+    child: _Child | None = field(default=None, init=False)
+    reserved: socket.socket | None = field(default=None, init=False)
+    exiting: list[int] = field(default_factory=list, init=False)
+    spare: _Spare | None = field(default=None, init=False)
+    pristine: Pristine | None = field(default=None, init=False)
+    """The agent's pristine sub-world zygote (``subworld.zygote``), from which a test's own is forked:
+    forked the first time a test child asks for one."""
+    _spares: int = field(default=0, init=False)
+    """Children that reported done and are still tearing down; reaped without blocking."""
+    workdir: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"sprite-rank{self.rank}-"))
 
     def say_ready(
         self,

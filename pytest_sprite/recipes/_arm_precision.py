@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final
 
 from pytest_sprite.records import (
@@ -87,19 +87,10 @@ class StepTrace:
         return math.nan if self.pre is None else float(self.pre)
 
     def rank_step(self) -> RankStep:
-        """This step as criterion v2's record holds it."""
-        return RankStep(
-            pre_clip_norm=self.pre_norm,
-            post_clip_norm=float(self.post),
-            grad_dtypes=self.grad_dtypes,
-            grad_nonfinite=self.grad_nonfinite,
-            grad_digests=self.grad_digests,
-            param_digests=self.param_digests,
-            frozen_digests=self.frozen_digests,
-            param_sharded=self.param_sharded,
-            grad_sharded=self.grad_sharded,
-            linear=self.linear,
-        )
+        """This step as criterion v2's record holds it: the two norms, and each watched field under its own name."""
+        norms: dict[str, Any] = {"pre_clip_norm": self.pre_norm, "post_clip_norm": float(self.post)}
+        watched = {f.name: getattr(self, f.name) for f in fields(RankStep) if f.name not in norms}
+        return RankStep(**norms, **watched)
 
 
 @dataclass(kw_only=True)

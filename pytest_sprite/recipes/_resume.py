@@ -18,7 +18,7 @@ Before every load, four frozen tensors are changed, so only the checkpoint can r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +99,15 @@ class _EpochBatches:
 
 @dataclass(kw_only=True)
 class _Pending:
+    """The step running, under :class:`StepRecord`'s names, so that its record is made from it whole."""
+
     epoch: int = 0
     batch: int = 0
     loss: float = float("nan")
     rows: tuple[int, ...] = ()
     rng: str = ""
     lr: float = float("nan")
-    pre: float = float("nan")
-    done: list[StepRecord] = field(default_factory=list)
+    pre_clip_norm: float = float("nan")
 
 
 class _ResumeModule(pl.LightningModule):
@@ -191,22 +192,12 @@ class _ResumeModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [p.grad.detach() for p in self._trainables() if p.grad is not None]
-        self._pending.pre = norm_of(full_many(grads))
+        self._pending.pre_clip_norm = norm_of(full_many(grads))
         self._pending.lr = float(optimizer.param_groups[0]["lr"])
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        p = self._pending
         step = int(self.trainer.global_step)
-        record = StepRecord(
-            step=step - 1,
-            epoch=p.epoch,
-            batch=p.batch,
-            loss=p.loss,
-            lr=p.lr,
-            rows=p.rows,
-            pre_clip_norm=p.pre,
-            rng=p.rng,
-        )
+        record = StepRecord(step=step - 1, **asdict(self._pending))
         self._emit("step", record)
         subworld.kill_point("step", step)
 

@@ -36,18 +36,13 @@ GAP_FLOOR = 1e-12
 """Exact zeros are drawn at this height on the log axis (and the legend says so)."""
 
 VERDICT_COLOURS: dict[str, str] = {
-    "pass": "#2e7d32",
-    "PASS": "#2e7d32",
-    "rejected": "#2e7d32",
-    "FAIL": "#c62828",
-    "fail": "#c62828",
-    "HARD_FAIL": "#c62828",
-    "NOT REJECTED": "#c62828",
+    **dict.fromkeys(("pass", "PASS", "rejected"), "#2e7d32"),
+    **dict.fromkeys(("FAIL", "fail", "HARD_FAIL", "NOT REJECTED"), "#c62828"),
     "SILENT_DIVERGENCE": "#6a1b9a",
     "LOST_WORK": "#ef6c00",
     "void": "#9e9e9e",
 }
-"""Verdict -> colour; verdicts not listed are drawn grey."""
+"""Verdict -> colour (the verdicts of one meaning share theirs); verdicts not listed are drawn grey."""
 
 Plotter = Callable[[Mapping[str, Any], Path], list[Path]]
 """(payload, file stem without suffix) -> the files written."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pytest_sprite.assertions.criterion.results import (
     ABS_FLOOR,
@@ -68,17 +68,25 @@ def score(role: str, arm: Bf16ArmRecord, ref: Bf16ArmRecord) -> ScoredComparison
         for k in ref.trainable_names
     )
     _fail_over("tensor_updates", "tensor updates", updates, fail)
-    return ScoredComparison(
-        role=role,
-        label=arm.label,
-        fault=arm.fault,
-        pre_norm_rel=pre_rel,
-        pre_norm_where=where,
-        gradients=gradients,
-        update_rel_l2=update_rel,
-        updates=updates,
-        failed=tuple(failed),
-    )
+    return _comparison(role, arm, _StepZero(pre_rel, where, gradients, update_rel, updates), tuple(failed))
+
+
+class _StepZero(NamedTuple):
+    """An arm's step-0 figures, measured or (no step 0) infinite, under :class:`ScoredComparison`'s names:
+    both ways of scoring an arm make its comparison with :func:`_comparison`."""
+
+    pre_norm_rel: float
+    pre_norm_where: str
+    gradients: tuple[TensorGap, ...]
+    update_rel_l2: float
+    updates: tuple[TensorGap, ...]
+
+
+def _comparison(
+    role: str, arm: Bf16ArmRecord, figures: _StepZero, failed: tuple[FailedCheck, ...]
+) -> ScoredComparison:
+    """``arm``'s comparison in ``role``: the one place it is made, from figures measured or not."""
+    return ScoredComparison(role=role, label=arm.label, fault=arm.fault, **figures._asdict(), failed=failed)
 
 
 def _fail_over(check: str, what: str, gaps: tuple[TensorGap, ...], fail: Callable[[str, str], None]) -> None:
@@ -98,20 +106,10 @@ def _no_step_zero(role: str, arm: Bf16ArmRecord, ref: Bf16ArmRecord) -> ScoredCo
     inf_gaps = tuple(
         TensorGap(name=k, numel=0, diff=math.inf, ref_norm=0.0, floor=0.0) for k in ref.trainable_names
     )
-    return ScoredComparison(
-        role=role,
-        label=arm.label,
-        fault=arm.fault,
-        pre_norm_rel=math.inf,
-        pre_norm_where=detail,
-        gradients=inf_gaps,
-        update_rel_l2=math.inf,
-        updates=inf_gaps,
-        failed=tuple(
-            FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail)
-            for check in CRITERION_SCORED
-        ),
+    failed = tuple(
+        FailedCheck(arm=arm.label, check=check, fault=arm.fault, detail=detail) for check in CRITERION_SCORED
     )
+    return _comparison(role, arm, _StepZero(math.inf, detail, inf_gaps, math.inf, inf_gaps), failed)
 
 
 def tensor_gap(

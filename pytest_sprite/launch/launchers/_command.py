@@ -9,6 +9,7 @@ launcher has already set its own variables when ``env`` runs on the rank, so onl
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 from collections.abc import Iterable, Sequence
@@ -95,15 +96,21 @@ class ProgramLauncher:
     how_to_get: str
     """What the LaunchError says when the program is missing."""
     spans_nodes = True
+    job_variable: str = ""
+    """The variable a scheduler's job sets (``PBS_JOBID``): when named, the launcher runs only inside a job."""
+    outside_job: str = ""
+    """What the LaunchError says when ``job_variable`` is unset or blank."""
 
     def __init__(self) -> None:
         self.program: str | None = None
 
     def check(self) -> None:
-        """Find the program on PATH; a missing one is a LaunchError saying how to get it."""
+        """Find the program on PATH, and require the job ``job_variable`` names; each LaunchError says how."""
         self.program = find_program(
             self.program_name or self.name, launcher=self.name, how_to_get=self.how_to_get
         )
+        if self.job_variable and not os.environ.get(self.job_variable, "").strip():
+            raise LaunchError(self.outside_job)
 
     def command(self, request: LaunchRequest, program: str) -> list[str]:
         """The command line that starts ``request``'s agents with ``program``."""

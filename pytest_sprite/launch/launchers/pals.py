@@ -18,7 +18,7 @@ import math
 import os
 
 from ...env.rank_variables import hosts_in_nodefile
-from ...errors import LaunchError, RankEnvError
+from ...errors import RankEnvError
 from ._command import ProgramLauncher, agent_command, has_option
 from .base import LaunchRequest
 
@@ -67,19 +67,14 @@ class PalsLauncher(ProgramLauncher):
     program_name = "mpiexec"
     how_to_get = HOW_TO_GET
 
-    def check(self) -> None:
-        """Require PALS's ``mpiexec`` on PATH and a PBS job (PBS_JOBID), each with a LaunchError saying how.
-
-        Outside a job, ``mpiexec`` is some other MPI's (MPICH's hydra refuses ``--cpu-bind``), so the
-        launch would fail with that launcher's own words once per try.
-        """
-        super().check()
-        if not os.environ.get("PBS_JOBID", "").strip():
-            raise LaunchError(
-                "--launcher=pals: this pytest is not inside a PBS job (PBS_JOBID is not set), and PALS's mpiexec "
-                "runs only there. Run pytest in a job: `qsub -I -l select=1 -l walltime=1:00:00` then pytest, "
-                "or a job script (hpc/aurora); elsewhere use --launcher=mpiexec, srun or torchrun."
-            )
+    job_variable = "PBS_JOBID"
+    """Outside a job, ``mpiexec`` is some other MPI's (MPICH's hydra refuses ``--cpu-bind``), so the
+    launch would fail with that launcher's own words once per try."""
+    outside_job = (
+        "--launcher=pals: this pytest is not inside a PBS job (PBS_JOBID is not set), and PALS's mpiexec "
+        "runs only there. Run pytest in a job: `qsub -I -l select=1 -l walltime=1:00:00` then pytest, "
+        "or a job script (hpc/aurora); elsewhere use --launcher=mpiexec, srun or torchrun."
+    )
 
     def command(self, request: LaunchRequest, program: str) -> list[str]:
         ppn = request.ppn if request.ppn is not None else default_ppn(request.world_size)

@@ -112,16 +112,14 @@ class SrunLauncher(ProgramLauncher):
     name = "srun"
     how_to_get = HOW_TO_GET
 
-    def check(self) -> None:
-        """Require ``srun`` on PATH and an allocation (SLURM_JOB_ID), each with a LaunchError saying how."""
-        super().check()
-        if not os.environ.get("SLURM_JOB_ID", "").strip():
-            raise LaunchError(
-                "--launcher=srun: this pytest is not inside a Slurm allocation (SLURM_JOB_ID is not set), and srun "
-                "would queue a new job for every session. Run pytest in an allocation: `salloc -N 1 --ntasks=4` "
-                "then pytest, or an sbatch script (hpc/slurm/sprite.sbatch); outside Slurm use "
-                "--launcher=mpiexec or --launcher=torchrun."
-            )
+    job_variable = "SLURM_JOB_ID"
+    """Outside an allocation, srun would queue a new job for every session."""
+    outside_job = (
+        "--launcher=srun: this pytest is not inside a Slurm allocation (SLURM_JOB_ID is not set), and srun "
+        "would queue a new job for every session. Run pytest in an allocation: `salloc -N 1 --ntasks=4` "
+        "then pytest, or an sbatch script (hpc/slurm/sprite.sbatch); outside Slurm use "
+        "--launcher=mpiexec or --launcher=torchrun."
+    )
 
     def command(self, request: LaunchRequest, program: str) -> list[str]:
         return srun_command(request, program=program, environ=os.environ)
