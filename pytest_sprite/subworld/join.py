@@ -104,10 +104,6 @@ def _check_collectives() -> None:
     dist.set_debug_level(dist.DebugLevel.DETAIL)  # type: ignore[attr-defined]
 
 
-_SEAT_IN_WORLD = ("rank", "local_rank", "local_size", "local_devices", "node")
-"""The seat's fields a World holds under the same names (its size is the seat's ``world_size``)."""
-
-
 def join_world(
     seat: Seat,
     *,
@@ -153,9 +149,17 @@ def join_world(
             world_size=seat.world_size,
             timeout=timeout,
         )
-    seated = {name: getattr(seat, name) for name in _SEAT_IN_WORLD}
     world = World(
-        **seated, size=seat.world_size, device=device, backend=backend, _sink=sink, _test_dir=test_dir
+        rank=seat.rank,
+        size=seat.world_size,
+        local_rank=seat.local_rank,
+        local_size=seat.local_size,
+        local_devices=seat.local_devices,
+        node=seat.node,
+        device=device,
+        backend=backend,
+        _sink=sink,
+        _test_dir=test_dir,
     )
     _set_current(world)
     return world, store
