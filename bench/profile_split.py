@@ -12,13 +12,17 @@ from pathlib import Path
 
 
 def profile_totals(report: Path) -> dict[str, float]:
-    """The session's seconds by phase (``--sprite-profile``), summed over its tests, and ``wall``: their durations."""
+    """The session's seconds by phase (``--sprite-profile``), summed over its tests, ``wall``: their durations,
+    and ``session``: the session's own wall time (its start, collection and agents are in no test)."""
+    document = json.loads(report.read_text())
     totals: dict[str, float] = {}
-    for test in json.loads(report.read_text()).get("tests", []):
+    for test in document.get("tests", []):
         if "profile" in test:
             totals["wall"] = totals.get("wall", 0.0) + test["duration"]
             for name, seconds in test["profile"].items():
                 totals[name] = totals.get(name, 0.0) + seconds
+    if totals and document.get("duration"):
+        totals["session"] = document["duration"]
     return totals
 
 
@@ -28,20 +32,26 @@ def print_profiles(profiles: dict[str, dict[str, float]], indent: str = "  ") ->
     shown = {label: dict(t) for label, t in profiles.items() if t.get("wall")}
     if not shown:
         return
-    phases = [p for t in shown.values() for p in t if p not in ("wall", "steps")]
+    phases = [p for t in shown.values() for p in t if p not in ("wall", "steps", "session")]
     phases = sorted(set(phases), key=phases.index)
     width = max(12, *(len(label) for label in shown))
     print(f"{indent}{'profile (s)':<24}" + "".join(f"{label:>{width + 2}}" for label in shown))
     rows: list[tuple[str, list[str]]] = [
+        ("session wall time", [f"{t['session']:.1f}" if "session" in t else "-" for t in shown.values()]),
+        ("  outside the steps", [_outside(t, "session") for t in shown.values()]),
         ("tests' wall time", [f"{t['wall']:.1f}" for t in shown.values()]),
+        ("  outside the steps", [_outside(t, "wall") for t in shown.values()]),
         ("the fits' steps", [f"{t.get('steps', 0.0):.1f}" for t in shown.values()]),
-        ("outside the steps", [_outside(t) for t in shown.values()]),
+        ("the tests' other phases", ["" for _ in shown]),
     ]
     rows += [(f"  {p}", [f"{t[p]:.1f}" if p in t else "-" for t in shown.values()]) for p in phases]
     for name, cells in rows:
-        print(f"{indent}{name:<24}" + "".join(f"{c:>{width + 2}}" for c in cells))
+        print((f"{indent}{name:<24}" + "".join(f"{c:>{width + 2}}" for c in cells)).rstrip())
 
 
-def _outside(totals: dict[str, float]) -> str:
-    wall, steps = totals["wall"], totals.get("steps", 0.0)
+def _outside(totals: dict[str, float], of: str) -> str:
+    """The seconds of ``of`` (the session's or the tests' wall time) outside the fits' steps, and their share."""
+    if not totals.get(of):
+        return "-"
+    wall, steps = totals[of], totals.get("steps", 0.0)
     return f"{wall - steps:.1f} ({100 * (wall - steps) / wall:.0f}%)"

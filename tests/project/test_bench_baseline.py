@@ -129,7 +129,7 @@ def test_profiles_print_side_by_side_one_column_a_session(
 ) -> None:
     bench["profile_split"].print_profiles(
         {
-            "baseline abc1234": {"wall": 10.0, "steps": 4.0, "fork": 3.0},
+            "baseline abc1234": {"wall": 10.0, "steps": 4.0, "fork": 3.0, "session": 20.0},
             "now": {"wall": 8.0, "steps": 4.0, "fork": 1.0, "probe": 0.5},
             "unprofiled": {},
         }
@@ -137,9 +137,12 @@ def test_profiles_print_side_by_side_one_column_a_session(
 
     assert capsys.readouterr().out.splitlines() == [
         "  profile (s)               baseline abc1234               now",
+        "  session wall time                     20.0                 -",
+        "    outside the steps             16.0 (80%)                 -",
         "  tests' wall time                      10.0               8.0",
+        "    outside the steps              6.0 (60%)         4.0 (50%)",
         "  the fits' steps                        4.0               4.0",
-        "  outside the steps                6.0 (60%)         4.0 (50%)",
+        "  the tests' other phases",
         "    fork                                 3.0               1.0",
         "    probe                                  -               0.5",
     ]
@@ -149,3 +152,29 @@ def test_the_benches_import_the_one_baseline_helper() -> None:
     for name in ("dispatch", "suite", "cells"):
         text = (ROOT / "bench" / f"{name}.py").read_text()
         assert "from baseline import" in text and "def baseline_env" not in text, name
+
+
+def test_a_reports_profile_totals_carry_the_sessions_wall_time(
+    bench: dict[str, ModuleType], tmp_path: Path
+) -> None:
+    report = tmp_path / "r.json"
+    report.write_text(
+        json.dumps(
+            {
+                "duration": 30.0,
+                "tests": [
+                    {"nodeid": "a", "duration": 4.0, "profile": {"steps": 1.0, "rest": 3.0}},
+                    {"nodeid": "b", "duration": 2.0, "profile": {"steps": 0.5, "fork": 1.5}},
+                    {"nodeid": "plain", "duration": 9.0},
+                ],
+            }
+        )
+    )
+
+    assert bench["profile_split"].profile_totals(report) == {
+        "wall": 6.0,
+        "steps": 1.5,
+        "rest": 3.0,
+        "fork": 1.5,
+        "session": 30.0,
+    }
