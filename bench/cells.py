@@ -9,7 +9,8 @@ one ``hpc/aurora/README.md`` or ``hpc/slurm/README.md`` gives for the real machi
 and figures are read from each session's ``--sprite-report`` JSON. It prints the seed's table with this
 machine's results and figures beside the seed's hardware ones, and writes ``docs/measurements/cells.md``
 (the figures behind it go to ``cells.json`` beside it; a run replaces the cells it ran and keeps the others).
-Figures only, never a timed assertion.
+Figures only, never a timed assertion. ``--profile`` adds ``--sprite-profile``'s split; ``--baseline CHECKOUT``
+runs each cell with another checkout first (``bench/baseline.py``), both printed side by side.
 
     OMP_NUM_THREADS=1 python bench/cells.py [--cells X1B,AF,...] [--max-ranks 48] [--timeout 1200] [--dry-run]
 """
@@ -33,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from baseline import baseline_env, on_path, print_comparison, takes_option
 from cells_tables import (
     CELL_HEADERS,
     SEED_TESTED,
@@ -44,7 +46,7 @@ from cells_tables import (
     seed_figures,
     text_report,
 )
-from profile_split import print_profile, profile_totals
+from profile_split import print_profiles, profile_totals
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = {"aurora": ROOT / "hpc" / "aurora" / "README.md", "slurm": ROOT / "hpc" / "slurm" / "README.md"}
@@ -208,13 +210,14 @@ def run_cell(
 ) -> dict[str, Any]:
     """One pytest session of the cell's tests; its wall time, peak memory, load and the report it wrote.
 
-    ``tree``: a folder holding another ``pytest_sprite`` (the committed one), put first on the session's path.
+    ``tree``: a folder holding another ``pytest_sprite`` (the committed one, a baseline checkout), put first on
+    the session's path.
     """
     report, basetemp, log = workdir / f"{cell.name}.json", workdir / cell.name, workdir / f"{cell.name}.log"
     command = [*cell.command(str(report), str(basetemp)), *(["--sprite-profile"] if profile else [])]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if tree is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+        env = on_path(tree, env)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     with open(log, "wb") as out:
@@ -490,6 +493,32 @@ def _committed_tree(folder: Path) -> Path:
     return folder
 
 
+def _print_cell(label: str, record: dict[str, Any]) -> None:
+    print(f"  {label + ': ' if label else ''}{record['wall_s']:.0f} s, peak PSS {record['peak_pss_gb']:.1f} GB: "
+          f"{record.get('result') or 'not run here: ' + record['reason']}", flush=True)  # fmt: skip
+    if "profile" in record and not label:
+        print_profiles({record["cell"]: dict(record["profile"])})
+
+
+def _baseline_cell(cell: Cell, workdir: Path, args: argparse.Namespace, name: str) -> dict[str, Any]:
+    """The cell run with the baseline checkout first on the path (profiled when it has the option too)."""
+    workdir.mkdir()
+    profile = args.profile and takes_option(args.baseline.resolve(), "--sprite-profile")
+    record = {**run_cell(cell, workdir, args.timeout, args.baseline.resolve(), profile), "commit": name}
+    _print_cell(f"baseline {name}", record)
+    return record
+
+
+def _side_by_side(before: dict[str, Any], now: dict[str, Any], report: Path) -> dict[str, Any]:
+    """Print the baseline's and this checkout's cell together; what the cell's record keeps of the baseline."""
+    print(f"  ratio: {now['wall_s'] / max(before['wall_s'], 0.1):.2f} (now / baseline)")
+    print_profiles({f"baseline {before['commit']}": before.get("profile", {}), "now": now.get("profile", {})})
+    same = report.exists() and (report.parent / "baseline" / report.name).exists()
+    same = same and print_comparison(report.parent / "baseline" / report.name, report, indent="  ")
+    keep = ("commit", "wall_s", "peak_pss_gb", "load", "status", "result", "profile")
+    return {**{k: before[k] for k in keep if k in before}, "same_verdicts": same}
+
+
 def load_records(path: Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
@@ -517,6 +546,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run each cell with --sprite-profile and print where its time went",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="CHECKOUT",
+        help="another checkout of pytest-sprite (git worktree add /tmp/base <commit>): each cell runs with it "
+        "first, then with this one, both printed side by side (the page keeps this one's figures)",
+    )
+    parser.add_argument(
         "--page", type=Path, default=PAGE, help=f"page to write (default {PAGE.relative_to(ROOT)})"
     )
     args = parser.parse_args(argv)
@@ -539,16 +575,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{env['machine']}; load average {os.getloadavg()[0]:.1f} before", flush=True)
     with tempfile.TemporaryDirectory(prefix="sprite-bench-cells-") as tmp:
         tree = _committed_tree(Path(tmp) / "tree") if args.committed else None
+        base = None if args.baseline is None else baseline_env(args.baseline, dict(os.environ), Path(tmp))[1]
         for c in chosen:
             print(f"{c.name}: {c.ranks} ranks, {shlex.join(c.tests)} ...", flush=True)
             workdir = Path(tmp) / c.name
             workdir.mkdir()
+            before = None if base is None else _baseline_cell(c, workdir / "baseline", args, base)
             record = {**run_cell(c, workdir, args.timeout, tree, args.profile), **env}
+            _print_cell("now" if before else "", record)
+            if before is not None:
+                record["baseline"] = _side_by_side(before, record, workdir / f"{c.name}.json")
             records[c.name] = record
-            print(f"  {record['wall_s']:.0f} s, peak PSS {record['peak_pss_gb']:.1f} GB: "
-                  f"{record.get('result') or 'not run here: ' + record['reason']}", flush=True)  # fmt: skip
-            if "profile" in record:
-                print_profile(f"  {c.name}", dict(record["profile"]))
             data.write_text(json.dumps({"cells": records}, indent=1, ensure_ascii=False) + "\n")
             args.page.write_text(page(cells, records))
     print(f"load average {os.getloadavg()[0]:.1f} after; wrote {args.page} and {data}")

@@ -25,7 +25,8 @@ measured in every rank, no report), so what coverage adds to one more test is re
 
 ``--baseline CHECKOUT`` runs another checkout of the plugin (an earlier release, say: ``git worktree add
 /tmp/base <commit>``) first on ``PYTHONPATH``: its 20-test session and its marginal pair join the rounds, in
-turns with this checkout's, so a change in what a test costs is read side by side, not across days.
+turns with this checkout's, so a change in what a test costs is read side by side, not across days
+(``bench/baseline.py``, which ``bench/suite.py`` and ``bench/cells.py`` share).
 
 Sessions are the median of ``--runs`` runs (default 3); the 20-test sessions (packed and ``--pack=off``)
 and torch's harness run in turns, and each ratio to torch's is the median of the rounds' ratios; the
@@ -53,6 +54,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from baseline import baseline_env
 
 SPRITE_TEST = textwrap.dedent(
     """
@@ -352,41 +355,6 @@ def _marginal(rounds: list[Round], extra_tests: int, set_aside: int) -> Marginal
         spawns=[t for _, _, c in rounds for t in c],
         set_aside=set_aside,
     )
-
-
-def baseline_env(checkout: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, str], str]:
-    """The environment that runs another checkout's plugin, and what to call it (its commit where git knows it).
-
-    The checkout goes first on ``PYTHONPATH``, ahead of the installed plugin; a checkout that does not hold
-    the plugin, or whose plugin a Python started in ``cwd`` (where the sessions run: ``python -m`` puts it
-    first on the path) does not import from there, is refused before anything is measured.
-    """
-    checkout = checkout.resolve()
-    if not (checkout / "pytest_sprite" / "plugin.py").is_file():
-        raise SystemExit(
-            f"--baseline {checkout}: no pytest_sprite/plugin.py there; give the root of a pytest-sprite "
-            "checkout, e.g. `git worktree add /tmp/base <commit>` and `--baseline /tmp/base`"
-        )
-    with_base = dict(env, PYTHONPATH=os.pathsep.join(filter(None, (str(checkout), env.get("PYTHONPATH")))))
-    found = subprocess.run(
-        [sys.executable, "-c", "import pytest_sprite.plugin as p; print(p.__file__)"],
-        env=with_base,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-    )
-    if (
-        found.returncode != 0
-        or Path(found.stdout.strip()).resolve() != checkout / "pytest_sprite" / "plugin.py"
-    ):
-        raise SystemExit(
-            f"--baseline {checkout}: Python imported pytest_sprite from "
-            f"{found.stdout.strip() or found.stderr.strip()[-300:]!r}, not from the checkout"
-        )
-    commit = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    return with_base, commit.stdout.strip() if commit.returncode == 0 else str(checkout)
 
 
 def pair(worker: Path, rounds: int, env: dict[str, str]) -> float:

@@ -26,8 +26,12 @@ def profile_of(entry: TestEntry) -> dict[str, float]:
     return seconds
 
 
-def write_profile_table(terminalreporter: Any, entries: Iterable[TestEntry]) -> None:
-    """One row per profiled test, then the session's totals and the share of its time outside the steps."""
+def write_profile_table(
+    terminalreporter: Any, entries: Iterable[TestEntry], session_s: float | None = None
+) -> None:
+    """One row per profiled test, then the session's totals and the share of its time outside the steps;
+    with ``session_s`` (the session's wall time so far), the share of that outside the steps too: its start,
+    collection and agents are in no test."""
     profiled = [e for e in entries if e.profile is not None]
     if not profiled:
         return
@@ -53,6 +57,11 @@ def write_profile_table(terminalreporter: Any, entries: Iterable[TestEntry]) -> 
         f"sprite: profile: {len(profiled)} ranks tests, {wall:.1f} s; the fits' steps {steps:.1f} s, "
         f"outside them {share:.0f}% of the wall time"
     )
+    if session_s:
+        terminalreporter.write_line(
+            f"sprite: profile: the session {session_s:.1f} s of wall time (its start, collection and agents are "
+            f"in no test); the fits' steps {steps:.1f} s, outside them {100.0 * (session_s - steps) / session_s:.0f}%"
+        )
 
 
 def _line(name: str, width: int, wall: float, row: dict[str, float], columns: list[str]) -> str:

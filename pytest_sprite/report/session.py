@@ -154,7 +154,9 @@ class SpriteReporter:
         if self.settings.profile:
             from pytest_sprite.report.profile import write_profile_table
 
-            write_profile_table(terminalreporter, self.store.tests.values())
+            write_profile_table(
+                terminalreporter, self.store.tests.values(), time.perf_counter() - self.started
+            )
         book = self.config.stash.get(mutation_key, None)
         if book is not None:
             from pytest_sprite.report.mutation_table import write_mutation_table

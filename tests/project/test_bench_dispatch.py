@@ -1,13 +1,12 @@
-"""``bench/dispatch.py`` without its sessions: the ways of the marginal cost run in turns, and ``--baseline``.
+"""``bench/dispatch.py`` without its sessions: the ways of the marginal cost run in turns.
 
-The bench itself runs for minutes; these tests check how it orders its sessions and which checkout a
-baseline's sessions load, with stand-in commands, in a few seconds.
+The bench itself runs for minutes; these tests check how it orders its sessions, with stand-in commands, in a few
+seconds (its ``--baseline`` is ``bench/baseline.py``'s, tested in ``test_bench_baseline.py``).
 """
 
 from __future__ import annotations
 
 import importlib
-import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -47,27 +46,3 @@ def test_each_round_runs_one_pair_of_every_way_in_turn(dispatch: ModuleType, tmp
     assert log.read_text().splitlines() == ["a short", "a long", "spawn", "b short", "b long", "spawn"] * 2
     assert set(marginals) == {"a", "b"}
     assert all(len(m.round_spawns_per_test) == 2 and len(m.spawns) == 2 for m in marginals.values())
-
-
-def test_a_baseline_must_be_a_checkout_that_holds_the_plugin(dispatch: ModuleType, tmp_path: Path) -> None:
-    with pytest.raises(SystemExit, match=r"--baseline .*no pytest_sprite/plugin\.py there.*git worktree add"):
-        dispatch.baseline_env(tmp_path, {}, tmp_path)
-
-
-def test_a_baseline_checkout_goes_first_on_the_path(dispatch: ModuleType, tmp_path: Path) -> None:
-    base = tmp_path / "base"
-    shutil.copytree(ROOT / "pytest_sprite", base / "pytest_sprite")
-
-    env, name = dispatch.baseline_env(base, {"PYTHONPATH": "/elsewhere"}, tmp_path)
-
-    assert env["PYTHONPATH"].split(":") == [str(base.resolve()), "/elsewhere"]
-    assert name == str(base.resolve())  # not a git checkout: named by its path
-
-
-def test_a_baseline_that_the_sessions_would_not_load_is_refused(dispatch: ModuleType, tmp_path: Path) -> None:
-    """Sessions run ``python -m pytest`` in their own folder, which Python puts ahead of ``PYTHONPATH``."""
-    base = tmp_path / "base"
-    shutil.copytree(ROOT / "pytest_sprite", base / "pytest_sprite")
-
-    with pytest.raises(SystemExit, match=r"imported pytest_sprite from .*, not from the checkout"):
-        dispatch.baseline_env(base, {}, ROOT)

@@ -99,6 +99,8 @@ def test_the_report_and_the_terminal_split_each_ranks_test_into_its_phases(
             "test_profiled.py::test_own_fit *%",
             "all profiled tests *%",
             "sprite: profile: 4 ranks tests, * s; the fits' steps * s, outside them *% of the wall time",
+            "sprite: profile: the session * s of wall time (its start, collection and agents are in no test); "
+            "the fits' steps * s, outside them *%",
         ]
     )
 
