@@ -116,7 +116,7 @@ def _synthesize(
         timing = (template.start, template.stop) if template is not None else (0.0, 0.0)
     start, stop = timing
     held = {"duration": max(0.0, stop - start), "start": start, "stop": stop}
-    user_properties = list(template.user_properties) if template else []
+    user_properties = _pairs(template.user_properties) if template else []
     return test.phase_report(
         TestReport, phase, "failed", text, sections=[], user_properties=user_properties, **held
     )
@@ -425,7 +425,7 @@ def _merge_phase(
     sections: list[tuple[str, str]] = []
     for r in ranks:
         sections.extend((f"{name} [rank {r}]", content) for name, content in reps[r].sections)
-    user_properties = list(base.user_properties)
+    user_properties = _pairs(base.user_properties)
     if phase == "call" or (phase == "setup" and len(reps) and all(not rep.passed for rep in reps.values())):
         user_properties.extend((f"sprite.rank{r}", reps[r].outcome) for r in ranks)
         user_properties.append(("sprite.world_size", world_size))
@@ -456,3 +456,9 @@ def _merge_phase(
     if not failed and all(x is not None for x in xfails):
         merged.wasxfail = str(xfails[0])
     return merged
+
+
+def _pairs(properties: list[Any]) -> list[Any]:
+    """A rank's user properties as pytest holds them, ``(name, value)`` tuples: the JSON that carried the
+    report from the rank made each pair a list (anything else a test put there is kept as it came)."""
+    return [tuple(p) if isinstance(p, list) and len(p) == 2 else p for p in properties]

@@ -9,7 +9,7 @@ pytest-xdist worker (xdist's controller logs the worker's reports): the assertio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -79,11 +79,13 @@ class ResultStore:
             phase["longrepr"] = _crash_line(report)
         entry.phases[report.when] = phase
         entry.assertions.extend(getattr(report, REPORT_ATTR, None) or [])
-        for name, value in report.user_properties:
-            if name == PROFILE_PROPERTY and isinstance(value, dict):
-                entry.profile = profile = entry.profile or {}
-                for phase_name, seconds in value.items():
-                    profile[phase_name] = profile.get(phase_name, 0.0) + float(seconds)
+        for prop in report.user_properties:
+            if not is_profile_property(prop):
+                continue
+            entry.profile = profile = entry.profile or {}
+            totals = cast("dict[str, float]", prop[1])
+            for phase_name, seconds in totals.items():
+                profile[phase_name] = profile.get(phase_name, 0.0) + float(seconds)
         ranks = getattr(report, RANKS_ATTR, None)
         if ranks:
             entry.ranks = list(ranks)
@@ -92,6 +94,17 @@ class ResultStore:
     def failed(self, nodeid: str) -> bool:
         entry = self.tests.get(nodeid)
         return entry is not None and entry.outcome in ("failed", "error")
+
+
+def is_profile_property(prop: object) -> bool:
+    """Whether a user property is the phase totals a rank's report carries (``--sprite-profile``); whatever
+    else a test put there is left alone (a malformed one is junitxml's to refuse, not this store's)."""
+    return (
+        isinstance(prop, (tuple, list))
+        and len(prop) == 2
+        and prop[0] == PROFILE_PROPERTY
+        and isinstance(prop[1], dict)
+    )
 
 
 def _crash_line(report: pytest.TestReport) -> str:

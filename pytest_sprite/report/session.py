@@ -16,8 +16,7 @@ from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.glue.mutation_book import mutation_key
 from pytest_sprite.glue.options import Settings
 from pytest_sprite.glue.output_paths import not_written
-from pytest_sprite.plumbing.phases import PROFILE_PROPERTY
-from pytest_sprite.report.logged_results import ResultStore
+from pytest_sprite.report.logged_results import ResultStore, is_profile_property
 
 __all__ = ["SpriteReporter"]
 
@@ -77,8 +76,8 @@ class SpriteReporter:
     def take(self, report: pytest.TestReport) -> None:
         """Store one report; on a teardown, hand junitxml the test's properties (it reads teardown's)."""
         entry = self.store.add(report)
-        # the phases are in the store now: JUnit's properties would show them as a dict's repr
-        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROFILE_PROPERTY]
+        if entry.profile is not None:  # in the store now: JUnit's properties would show them as a dict's repr
+            report.user_properties[:] = [p for p in report.user_properties if not is_profile_property(p)]
         if report.when == "teardown":
             from pytest_sprite.report.junit import junit_properties
 
@@ -87,7 +86,7 @@ class SpriteReporter:
 
                 load_report_tables(self.config)
 
-            present = set(report.user_properties)
+            present = list(report.user_properties)  # a list: a property's value need not be hashable
             props = junit_properties(entry)
             book = self.config.stash.get(mutation_key, None)
             if book is not None:

@@ -57,8 +57,13 @@ TESTS = """
 
 
     @pytest.mark.ranks(2)
-    def test_no_fit(world):
-        pass
+    def test_no_fit(world, record_property):
+        record_property("owner", "training team")
+
+
+    @pytest.mark.ranks(2)
+    def test_odd_property(world, request):
+        request.node.user_properties.append("not a pair")  # the store reads past it
 
 
     def test_plain():
@@ -74,7 +79,16 @@ def test_the_report_and_the_terminal_split_each_ranks_test_into_its_phases(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("COLUMNS", "200")
     pytester.makepyfile(test_profiled=TESTS)
-    result = run_pytest(pytester, "--sprite-profile", "--sprite-report=report.json", "--ranks=2", timeout=600)
+    result = run_pytest(
+        pytester,
+        "--sprite-profile",
+        "--sprite-report=report.json",
+        "--ranks=2",
+        "--junitxml=junit.xml",
+        "-k",
+        "not test_odd_property",
+        timeout=600,
+    )
     result.assert_outcomes(passed=5)
     document = json.loads((pytester.path / "report.json").read_text())
     jsonschema.validate(document, load_schema())
@@ -91,6 +105,8 @@ def test_the_report_and_the_terminal_split_each_ranks_test_into_its_phases(
         assert sum(test["profile"].values()) == pytest.approx(test["duration"], abs=0.01)
     assert set(tests["test_no_fit"]["profile"]) == {"rest"}
     assert "profile" not in tests["test_plain"]  # not a ranks test: nothing measured it
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="owner" value="training team"' in junit and "sprite.profile" not in junit
     result.stdout.fnmatch_lines(
         [
             "*= sprite profile: seconds by phase (rank 0) =*",
@@ -111,9 +127,14 @@ def test_without_the_option_nothing_is_measured(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     pytester.makepyfile(test_profiled=TESTS)
     result = run_pytest(
-        pytester, "--sprite-report=report.json", "--ranks=2", "-k", "own_fit or subworld", timeout=600
+        pytester,
+        "--sprite-report=report.json",
+        "--ranks=2",
+        "-k",
+        "own_fit or subworld or test_odd_property",
+        timeout=600,
     )
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert "sprite profile" not in result.stdout.str()
     tests = json.loads((pytester.path / "report.json").read_text())["tests"]
     assert all("profile" not in t for t in tests)
