@@ -26,6 +26,7 @@ __all__ = [
     "process_group_device_backend",
     "replace_distributed_pdb",
     "replace_hypothesis_settings",
+    "route_functional_collectives",
     "torch_continuous_base",
     "torch_continuous_in_process",
     "torch_continuous_init",
@@ -342,4 +343,63 @@ def process_group_device_backend(group: Any, backend: Any) -> bool:
     if register is None:
         return False
     register(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    return True
+
+
+_FUNCTIONAL_OPS = "_c10d_functional"
+_functional_library: list[Any] = []
+"""The ``torch.library.Library`` that routes the functional collectives, kept alive once made."""
+
+
+def route_functional_collectives() -> bool:
+    """Send torch's functional all-gather and reduce-scatter of CPU tensors through their group's methods.
+
+    DTensor's ``Shard`` to ``Replicate`` and ``Partial`` to ``Shard`` redistributions call the ops of torch's
+    private ``_c10d_functional`` namespace, whose C++ kernels go straight to the group's backend for the
+    tensor's device: a ``ProcessGroup`` made in Python (``--sprite-mutate``'s) never sees them. The public
+    ``torch.library`` registers a CPU kernel for those ops that resolves the group by name (the private
+    ``distributed_c10d._resolve_process_group``) and calls its ``_allgather_base`` / ``_reduce_scatter_base``
+    and waits, so the Python group records and mutates them like its other collectives. Tested with torch
+    2.13. Fallback (a release without those names): nothing is routed, False; those redistributions then
+    reach the real backend unrecorded and their mutants are reported not applicable.
+    """
+    if _functional_library:
+        return True
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    resolve = getattr(c10d, "_resolve_process_group", None)
+    options = getattr(torch._C._distributed_c10d, "AllgatherOptions", None)
+    if resolve is None or options is None or not hasattr(torch.ops, _FUNCTIONAL_OPS):
+        return False
+
+    def gather(tensor: Any, group_size: int, group_name: str) -> Any:
+        out = tensor.new_empty((group_size * tensor.shape[0], *tensor.shape[1:]))
+        resolve(group_name)._allgather_base(out, tensor.contiguous(), options()).wait()
+        return out
+
+    def scatter(tensor: Any, reduce_op: str, group_size: int, group_name: str) -> Any:
+        out = tensor.new_empty((tensor.shape[0] // group_size, *tensor.shape[1:]))
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, reduce_op.upper())
+        resolve(group_name)._reduce_scatter_base(out, tensor.contiguous(), opts).wait()
+        return out
+
+    def gather_many(tensors: list[Any], group_size: int, group_name: str) -> list[Any]:
+        return [gather(t, group_size, group_name) for t in tensors]
+
+    def scatter_many(tensors: list[Any], reduce_op: str, group_size: int, group_name: str) -> list[Any]:
+        return [scatter(t, reduce_op, group_size, group_name) for t in tensors]
+
+    library: Any = torch.library.Library(_FUNCTIONAL_OPS, "IMPL")  # type: ignore[no-untyped-call]
+    kernels = {
+        "all_gather_into_tensor": gather,
+        "all_gather_into_tensor_coalesced": gather_many,
+        "reduce_scatter_tensor": scatter,
+        "reduce_scatter_tensor_coalesced": scatter_many,
+    }
+    for name, kernel in kernels.items():
+        library.impl(name, kernel, "CPU")
+    _functional_library.append(library)
     return True

@@ -3,12 +3,13 @@
 A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo on
 CPU), registered under its own backend name and made the test's default group, so every caller reaches it:
 plain ``torch.distributed`` calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
-all-gather and reduce-scatter and DTensor's all-reduce redistribution (sub-groups of a device mesh are made
-through the same backend name). DTensor's all-gather and reduce-scatter redistributions (torch's functional
-collectives) call the real backend below this group: they are neither mutated nor recorded, so the
-controller reports those mutants not applicable to a test that only calls them that way. Each collective runs on the real backend and is waited for, then the mutant (if
-any) changes the result in place, so DDP's futures see the changed tensors. The clean run records the op
-names each rank called: the controller runs a mutant only for a test that called its op.
+all-gather and reduce-scatter and DTensor's redistributions (sub-groups of a device mesh are made through
+the same backend name; torch's functional all-gather and reduce-scatter, which DTensor's ``Shard`` and
+``Partial`` redistributions call, are routed to this group's methods by
+:func:`~pytest_sprite.plumbing.dependency_internals.route_functional_collectives`). Each collective runs
+on the real backend and is waited for, then the mutant (if any) changes the result in place, so DDP's
+futures see the changed tensors. The clean run records the op names each rank called: the controller runs a
+mutant only for a test that called its op.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def install(mutant: str | None, inner_backend: str) -> str:
     start_run(mutant).group_backend = functools.partial(install, mutant)
     _state.update(stale={}, inner=inner_backend)
     if not _state["registered"]:  # once per process; a forked child inherits it
+        from ..plumbing.dependency_internals import route_functional_collectives
+
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        route_functional_collectives()
         _state["registered"] = True
     return BACKEND_NAME
 
@@ -59,7 +63,7 @@ def _create(options: Any, _backend_options: Any) -> Any:
 
     inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
     group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
-    # DTensor's functional all-gather and reduce-scatter reach the real backend here: not recorded, not mutated
+    # what dispatches by device (torch's c10d ops) reaches the real backend; the functional collectives do not
     process_group_device_backend(group, inner)
     return group
 

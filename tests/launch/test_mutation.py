@@ -338,19 +338,19 @@ SHARDED = """
         fully_shard(model)
         torch.manual_seed(1)
         x = torch.randn(4 * world.size, 4)
-        reference(x).pow(2).mean().backward()
-        model(x[4 * world.rank : 4 * (world.rank + 1)]).pow(2).mean().backward()
+        weights = torch.arange(1.0, 5.0)  # a loss that tells output features apart
+        (reference(x) * weights).pow(2).mean().backward()
+        (model(x[4 * world.rank : 4 * (world.rank + 1)]) * weights).pow(2).mean().backward()
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad.full_tensor(), q.grad)
 """
 
 
 @pytest.mark.slow
-def test_fsdp2_reaches_every_mutant_dtensor_only_its_all_reduce(pytester: pytest.Pytester) -> None:
-    """FSDP2's all-gather and reduce-scatter reach the mutants; of DTensor's redistributions only the
-    all-reduce (Partial to Replicate) does: its all-gather and reduce-scatter go through torch's functional
-    collectives to the real backend. Those are not recorded either, so their mutants are not applicable to
-    the test, never survivors."""
+def test_fsdp2_and_dtensor_redistributions_reach_the_mutants(pytester: pytest.Pytester) -> None:
+    """FSDP2's all-gather and reduce-scatter reach the mutants, and so do DTensor's redistributions: its
+    all-reduce (Partial to Replicate) through the group, its all-gather and reduce-scatter through torch's
+    functional collectives, routed to the group's methods."""
     pytester.makepyfile(test_sharded=SHARDED)
     result = run(pytester, "--sprite-mutate=collective")
     result.assert_outcomes(passed=2)
@@ -362,8 +362,8 @@ def test_fsdp2_reaches_every_mutant_dtensor_only_its_all_reduce(pytester: pytest
     ]
     assert table(result.stdout.str()) == {
         "test_dtensor_redistributes": {
-            "killed": allreduce,
-            "not applicable": ["broadcast_wrong_source", "allgather_swap", "reduce_scatter_shift"],
+            "killed": [*allreduce, "allgather_swap", "reduce_scatter_shift"],
+            "not applicable": ["broadcast_wrong_source"],
         },
         "test_fsdp2_gradients_match_one_device": {
             "killed": ["allgather_swap", "reduce_scatter_shift"],

@@ -227,3 +227,34 @@ def test_torch_distributed_breakpoint_takes_the_debugger_made_for_it_on_this_rel
     assert replace_distributed_pdb(Stops)
     dist.breakpoint(timeout_s=None)
     assert made[-1] == "set_trace"
+
+
+ROUTED = """
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from pytest_sprite.rank.mutant_backend import called_ops, install
+
+dist.init_process_group(install(None, "gloo"), store=dist.HashStore(), rank=0, world_size=1)
+x = torch.arange(4.0)
+assert funcol.all_gather_tensor(x, 0, dist.group.WORLD).tolist() == x.tolist()
+assert funcol.reduce_scatter_tensor(x, "sum", 0, dist.group.WORLD).tolist() == x.tolist()
+assert [t.tolist() for t in funcol.all_gather_into_tensor_coalesced([x, x], dist.group.WORLD)] == [x.tolist()] * 2
+assert [t.tolist() for t in funcol.reduce_scatter_tensor_coalesced([x], "sum", [0], dist.group.WORLD)] == [
+    x.tolist()
+]
+print(called_ops())
+dist.destroy_process_group()
+"""
+
+
+def test_functional_collectives_reach_a_python_process_group_on_this_release() -> None:
+    """Run in a child: the routing is for the whole process once made."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ROUTED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == str(
+        ["allgather", "reduce_scatter", "allgather", "allgather", "reduce_scatter"]
+    )
