@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from importlib import metadata
@@ -37,15 +36,18 @@ from typing import Any
 from baseline import baseline_env, on_path, print_comparison, takes_option
 from cells_tables import (
     CELL_HEADERS,
+    MEMORY_HEADERS,
     SEED_TESTED,
     Cell,
     cell_rows,
     detail_tables,
     markdown_table,
+    memory_rows,
     parse_rows,
     seed_figures,
     text_report,
 )
+from process_memory import Watch, roles_record
 from profile_split import print_profiles, profile_totals
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,65 +134,6 @@ def select(cells: list[Cell], names: str | None, max_ranks: int) -> list[Cell]:
 # -- running one cell -------------------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time) of a process, None when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[19]
-
-
-def _pss_kb(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return 0
-    found = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) if found else 0
-
-
-class Watch(threading.Thread):
-    """Samples the session's process tree: the peak of its summed PSS (forked ranks share pages, PSS splits them)."""
-
-    def __init__(self, root: int, interval: float = 10.0) -> None:
-        super().__init__(daemon=True)
-        self.root, self.interval = root, interval
-        self.peak_kb = 0
-        self.seen: dict[int, str] = {}
-        """Every process of the tree seen, with its start time (to end what outlives the session)."""
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(self.interval):
-            self.sample()
-
-    def sample(self) -> None:
-        children: dict[int, list[int]] = {}
-        starts: dict[int, str] = {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-                children.setdefault(stat[0], []).append(int(entry.name))
-                starts[int(entry.name)] = stat[1]
-        tree, todo = set(), [self.root]
-        while todo:
-            pid = todo.pop()
-            tree.add(pid)
-            todo += children.get(pid, [])
-        self.seen.update({p: starts[p] for p in tree if p in starts})
-        self.peak_kb = max(self.peak_kb, sum(_pss_kb(p) for p in tree))
-
-    def end_leftovers(self) -> int:
-        """SIGKILL the processes of the tree still running (the same start time: not a reused pid)."""
-        ended = 0
-        for pid, start in self.seen.items():
-            stat = _stat(pid)
-            if stat is not None and stat[1] == start and pid != os.getpid():
-                os.kill(pid, signal.SIGKILL)
-                ended += 1
-        return ended
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Ctrl-C the session as a user would (the harness ends its worlds), then harder if it does not exit."""
     for signum, grace in ((signal.SIGINT, 60), (signal.SIGTERM, 20), (signal.SIGKILL, 10)):
@@ -242,6 +185,7 @@ def run_cell(
         "command": shlex.join(cell.command()),
         "wall_s": round(wall, 1),
         "peak_pss_gb": round(watch.peak_kb / 2**20, 2),
+        "memory_at_peak": roles_record(watch.peak_roles),
         "load": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "exitcode": exitcode,
         "leftovers_ended": leftovers,
@@ -446,6 +390,15 @@ stopped at `--timeout` (20 minutes by default) is listed as not run here, with t
 """
 
 
+MEMORY_NOTE = """\
+Sampled with the peak: the session's processes summed by the name pytest-sprite gives each
+(`python` is the pytest controller; per rank an `sprite-agent`, its `sprite-test` child running the test,
+a `sprite-pristine` zygote and the test's `sprite-zygote`, from which the `sprite-subworld` ranks of an arm
+or role are forked). PSS splits each shared page between the processes sharing it. "Written (anon)" is
+memory a process wrote (Python objects, tensors, gloo's buffers, and what it still shares with the
+process it was forked from); "files" is its share of mapped files, mostly the shared libraries of torch."""
+
+
 def page(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
     """The whole of ``docs/measurements/cells.md``: what was measured, when, where, and the tables."""
     measured = [records[c.name] for c in cells if c.name in records]
@@ -470,6 +423,15 @@ def page(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
     ]  # fmt: skip
     for title, headers, rows in detail_tables(cells, records):
         lines += ["", f"## {title}", "", markdown_table(headers, rows)]
+    if memory := memory_rows(cells, records):
+        lines += [
+            "",
+            "## Memory at the peak, by process",
+            "",
+            MEMORY_NOTE,
+            "",
+            markdown_table(MEMORY_HEADERS, memory),
+        ]
     command_rows = [
         [c.name, f"`{records.get(c.name, {}).get('command') or shlex.join(c.command())}`", c.source]
         for c in cells

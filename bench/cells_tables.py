@@ -281,6 +281,28 @@ def detail_tables(
     return tables
 
 
+MEMORY_HEADERS = [
+    "Cell",
+    "Process",
+    "Processes",
+    "PSS MB",
+    "PSS MB each",
+    "of it written (anon)",
+    "of it files",
+]
+
+
+def memory_rows(cells: list[Cell], records: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """At each cell's memory peak: its processes by role, what they hold together and each."""
+    rows = []
+    for c in cells:
+        for name, r in records.get(c.name, {}).get("memory_at_peak", {}).items():
+            n = r["processes"]
+            rows.append([c.name, name, str(n), f"{r['pss_mb']:.0f}", f"{r['pss_mb'] / n:.0f}",
+                         f"{r['pss_anon_mb']:.0f}", f"{r['pss_file_mb']:.0f}"])  # fmt: skip
+    return rows
+
+
 def text_report(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
     from pytest_sprite.assertions.tables import render_table
 
@@ -289,4 +311,6 @@ def text_report(cells: list[Cell], records: dict[str, dict[str, Any]]) -> str:
     for title, headers, rows in detail_tables(cells, records):
         if rows:
             parts += ["", title + ":", render_table(headers, rows)]
+    if memory := memory_rows(cells, records):
+        parts += ["", "Memory at the peak, by process:", render_table(MEMORY_HEADERS, memory)]
     return "\n".join(parts)

@@ -33,7 +33,7 @@ from ..glue.tmp_path import share_tmp_path, shared_test_dir
 from ..plumbing import phases
 from ..plumbing.coverage import rank_started, save_rank_data
 from ..plumbing.phases import PROFILE_PROPERTY
-from ..plumbing.process import die_with_parent, install_stack_dumps, redirect_output
+from ..plumbing.process import die_with_parent, install_stack_dumps, name_process, redirect_output
 from ..plumbing.protocol import CHILD_DONE, HEADER_SIZE, RunSpec, decode_frame, send_frame
 from ..plumbing.stacks import STACK_SIGNAL
 from ..subworld.join import Seat, join_world, tcp_store
@@ -405,6 +405,7 @@ def run_spare(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lead_own_session()  # what the test starts stays in this session, to be ended with the test
     _die_with_parent(agent_pid)
+    name_process("test")
     redirect_output(run_dir / "output.log", stdin_devnull=True)
     install_stack_dumps(run_dir / "output.log", run_dir / "stacks.txt", STACK_SIGNAL)
     subworld.set_pristine(pristine)

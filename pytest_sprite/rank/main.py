@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import pytest
 
 from ..errors import SpriteError
-from ..plumbing.process import computing_before_fork, preimport_torch, redirect_output
+from ..plumbing.process import computing_before_fork, name_process, preimport_torch, redirect_output
 from .agent import Agent, connect_to_controller
 
 __all__ = ["AgentSessionPlugin", "forked_agent_main"]
@@ -54,6 +54,7 @@ def forked_agent_main(
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        name_process("agent")
         redirect_output(log_path)
         preimport_torch()
         _preimport_hypothesis(items)
@@ -109,6 +110,7 @@ class AgentSessionPlugin:
         except SpriteError as exc:  # the reader's explanation, not a traceback, in the launch log's tail
             print(f"pytest-sprite rank agent: {exc}", file=sys.stderr, flush=True)
             os._exit(3)
+        name_process("agent")
         preimport_torch()
         _preimport_hypothesis(self.items)
         with computing_before_fork():

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from pytest_sprite.plumbing import phases
 from pytest_sprite.plumbing.coverage import rank_started, save_rank_data
 from pytest_sprite.plumbing.mutants import current_run
-from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, redirect_output
+from pytest_sprite.plumbing.process import die_with_parent, install_stack_dumps, name_process, redirect_output
 from pytest_sprite.plumbing.protocol import encode_object
 from pytest_sprite.plumbing.stacks import STACK_SIGNAL, keep_stack_dumps
 from pytest_sprite.plumbing.timing import monotonic, perf_counter, sleep
@@ -131,6 +131,7 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
     code = 0
     try:
         die_with_parent()
+        name_process("subworld")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         spec, fn, args, kwargs = pickle.loads(request) if isinstance(request, bytes) else request

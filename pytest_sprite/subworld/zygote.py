@@ -20,7 +20,12 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
-from pytest_sprite.plumbing.process import computing_before_fork, die_with_parent, one_thread_after_fork
+from pytest_sprite.plumbing.process import (
+    computing_before_fork,
+    die_with_parent,
+    name_process,
+    one_thread_after_fork,
+)
 from pytest_sprite.plumbing.protocol import (
     forked,
     read_zygote_news,
@@ -218,6 +223,7 @@ class Pristine:
 def _pristine_main(sock: socket.socket) -> NoReturn:
     """Fork one test zygote per request, each a session leader serving the socket it was sent; never returns."""
     die_with_parent()
+    name_process("pristine")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
@@ -254,6 +260,7 @@ def _reap_any() -> None:
 def _zygote_main(sock: socket.socket) -> NoReturn:
     """Serve fork requests until the test child closes the socket; report every rank's exit status."""
     die_with_parent()
+    name_process("zygote")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     running: list[int] = []

@@ -29,6 +29,13 @@ def steps(world, n):
 
 def nest(world):
     return run_subworld(where, args=(0.0,))
+
+def comm(pid):
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+def names(world):
+    return comm(os.getpid()), comm(os.getppid())
 """
 
 
@@ -46,7 +53,7 @@ def test_sub_worlds_inside_ranks_tests(pytester: pytest.Pytester) -> None:
         import torch.distributed as dist
         from pytest_sprite import KillAt, SubworldError, run_subworld
         from pytest_sprite.errors import SpriteUsageError
-        from subfns import nest, steps, where
+        from subfns import comm, names, nest, steps, where
 
         @pytest.mark.ranks(2)
         def test_results_from_every_rank(world):
@@ -89,10 +96,16 @@ def test_sub_worlds_inside_ranks_tests(pytester: pytest.Pytester) -> None:
 
         def test_plain_test_is_a_world_of_its_own():
             assert [v[:3] for v in run_subworld(where, args=(2.0,), ranks=2).values()] == [(0, 2, 5.0), (1, 2, 5.0)]
+            assert run_subworld(names).values() == [("sprite-subworld", comm(os.getpid()))]
+
+        @pytest.mark.ranks(2)
+        def test_processes_are_named_by_role(world):  # what ps -o comm and top show
+            assert (comm(os.getpid()), comm(os.getppid())) == ("sprite-test", "sprite-agent")
+            assert run_subworld(names).values() == [("sprite-subworld", "sprite-zygote")] * 2
         """
     )
     result = run_pytest(pytester, "--ranks=4", "-v", timeout=TIMEOUT)
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
 
 
 def test_what_sub_world_ranks_leave_running_is_ended_and_named(pytester: pytest.Pytester) -> None:
