@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import pickle
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ import torch
 from torch.utils.data import default_collate
 
 from pytest_sprite.errors import SpriteUsageError
-from pytest_sprite.plumbing import tensor_pickle
 from pytest_sprite.plumbing.phases import phase
 from pytest_sprite.recipes.mesh import DATA_PARALLEL
 
@@ -507,15 +505,11 @@ def share_from_rank0(world: World, trace: T, *, own: S, shared: Sequence[str]) -
     """Every rank's ``own`` (rank order), and ``trace`` with its ``shared`` fields set to rank 0's.
 
     Two collectives: a gather of the small per-rank traces, and a broadcast of rank 0's tensors, so every
-    rank builds the same record. The tensors travel as their bytes (``plumbing/tensor_pickle.py``): the other
-    ranks read them back without torch's per-tensor ``torch.load``.
+    rank builds the same record.
     """
     with phase("records"):
         per_rank = world.gather_object(own)
-        values = tuple(getattr(trace, name) for name in shared)
-        sent = world.broadcast_object(tensor_pickle.dumps(values) if world.rank == 0 else b"")
-        if world.rank != 0:
-            values = pickle.loads(sent)
+        values = world.broadcast_object(tuple(getattr(trace, name) for name in shared))
     return per_rank, dataclasses.replace(trace, **dict(zip(shared, values, strict=True)))  # type: ignore[type-var]
 
 
