@@ -22,6 +22,7 @@ from pytest_sprite.assertions.parity import PARITY_CHECKS
 from pytest_sprite.assertions.resume import RESUME_CHECKS
 from pytest_sprite.errors import SpriteUsageError
 from pytest_sprite.planted_faults import get_fault
+from pytest_sprite.plumbing.mutants import PLANTED, current_run
 
 __all__ = ["FaultNotRejected", "FaultRejection", "expect_fault_rejected"]
 
@@ -99,6 +100,8 @@ class expect_fault_rejected:
         return self._evidence
 
     def __enter__(self) -> expect_fault_rejected:
+        if (run := current_run()) is not None:  # under --sprite-mutate: no mutant applies to this test
+            run.note(PLANTED + self.fault)
         return self
 
     def __exit__(

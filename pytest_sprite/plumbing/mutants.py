@@ -23,6 +23,7 @@ from typing import Final, Literal
 __all__ = [
     "CATALOGUE",
     "PLANTABLE_HOOKS",
+    "PLANTED",
     "Mutant",
     "MutantSpec",
     "MutationRun",
@@ -214,13 +215,21 @@ def select_mutants(value: str, where: str) -> tuple[MutantSpec, ...]:
     return tuple(seen.values())
 
 
+PLANTED: Final = "planted:"
+"""The prefix of the op a test's clean run records when it plants a fault of its own (``expect_fault_rejected``)."""
+
+
 def applicable(spec: MutantSpec, called: Mapping[int, Sequence[str]], world_size: int) -> bool:
     """Whether ``spec`` can change a test whose clean run called ``called`` (rank -> op names, in order).
 
     It applies when some rank it acts on called its op at least ``start`` times; a mutant acting on every
-    rank of a collective needs the call on any rank. One that cannot change a world this small never applies.
+    rank of a collective needs the call on any rank. One that cannot change a world this small never applies,
+    nor does any to a test that plants a fault of its own: it proves that a check rejects a bug it already
+    runs, and a second bug on top says nothing of what its checks catch.
     """
     if world_size < spec.mutant.min_world:
+        return False
+    if any(op.startswith(PLANTED) for ops in called.values() for op in ops):
         return False
     for rank in range(world_size):
         if spec.acts_on(rank, world_size) and _count(called.get(rank, ()), spec.mutant.op) >= spec.start:
@@ -244,6 +253,10 @@ class MutationRun:
     group_backend: Callable[[str], str] | None = None
     """How a sub-world rank started from this process makes its default group (the same recording and
     planting backend; picklable): its ranks plant the same mutant and send back what they recorded."""
+
+    def note(self, op: str) -> None:
+        """Record ``op`` where no mutant acts (a fault the test plants itself)."""
+        self.ops.append(op)
 
     def acting(self, op: str, rank: int, world_size: int) -> MutantSpec | None:
         """Record one call of ``op`` on ``rank``; the spec when the planted mutant changes this call there."""

@@ -6,6 +6,7 @@ import pytest
 
 from pytest_sprite.glue.mutation_book import MutationBook
 from pytest_sprite.plumbing.mutants import (
+    _RUN,
     CATALOGUE,
     applicable,
     catalogue,
@@ -61,6 +62,23 @@ def test_a_mutant_applies_only_where_its_op_was_called_often_enough() -> None:
     assert not applicable(parse_spec("allreduce_sum_as_mean"), {0: ["allreduce"]}, 1)
     assert applicable(parse_spec("stale_allreduce"), {0: ["allreduce"]}, 1)
     assert applicable(parse_spec("allreduce_mean_of_world_plus_one"), {0: ["allreduce"]}, 1)
+
+
+def test_no_mutant_applies_to_a_test_that_plants_its_own_fault() -> None:
+    """A negative control (``expect_fault_rejected``) already runs a bug: a mutant on top proves nothing."""
+    from pytest_sprite import expect_fault_rejected
+    from pytest_sprite.plumbing.mutants import start_run
+
+    run = start_run(None)
+    try:
+        with pytest.raises(AssertionError), expect_fault_rejected("missing-rank"):
+            raise AssertionError("not judged here")
+    finally:
+        _RUN.clear()
+    called = {0: ["allreduce", *run.ops], 1: ["allreduce"]}
+    assert run.ops == ["planted:missing-rank"]
+    assert not applicable(parse_spec("skip_allreduce"), called, 2)
+    assert applicable(parse_spec("skip_allreduce"), {0: ["allreduce"], 1: ["allreduce"]}, 2)
 
 
 def test_the_book_scores_and_reports() -> None:
