@@ -392,8 +392,9 @@ stopped at `--timeout` (20 minutes by default) is listed as not run here, with t
 
 MEMORY_NOTE = """\
 Sampled with the peak: the session's processes summed by the name pytest-sprite gives each
-(`python` is the pytest controller; per rank an `sprite-agent`, its `sprite-test` child running the test,
-a `sprite-pristine` zygote and the test's `sprite-zygote`, from which the `sprite-subworld` ranks of an arm
+(`python` is the pytest controller; per rank a `sprite-agent`, its `sprite-test` child running the test
+and the `sprite-spare` child forked for the next test (counted with `sprite-test` where a cell has no
+`sprite-spare` row: it was measured before the spare had a name of its own), a `sprite-pristine` zygote and the test's `sprite-zygote`, from which the `sprite-subworld` ranks of an arm
 or role are forked). PSS splits each shared page between the processes sharing it. "Written (anon)" is
 memory a process wrote (Python objects, tensors, gloo's buffers, and what it still shares with the
 process it was forked from); "files" is its share of mapped files, mostly the shared libraries of torch."""

@@ -405,7 +405,7 @@ def run_spare(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     lead_own_session()  # what the test starts stays in this session, to be ended with the test
     _die_with_parent(agent_pid)
-    name_process("test")
+    name_process("spare")  # sprite-test once the test arrives
     redirect_output(run_dir / "output.log", stdin_devnull=True)
     install_stack_dumps(run_dir / "output.log", run_dir / "stacks.txt", STACK_SIGNAL)
     subworld.set_pristine(pristine)
@@ -417,6 +417,7 @@ def run_spare(
         raise ValueError(f"a spare child expects a run frame, not {event!r}")
     spec = cast(RunSpec, payload)
     item = items[spec["nodeid"]]
+    name_process("test")
     run_child(
         item=item,
         write_fd=write_fd,
