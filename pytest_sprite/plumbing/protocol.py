@@ -533,8 +533,12 @@ _ZYGOTE_NEWS = struct.Struct(">cQQ")
 
 
 def encode_object(message: object) -> bytes:
-    """One sub-world frame holding ``message`` (pickled; a record of ``subworld.messages``)."""
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    """One sub-world frame holding ``message`` (a record of ``subworld.messages``), pickled with its plain CPU
+    tensors as their bytes (``tensor_pickle``): a resume role emits whole training states, and torch's own
+    pickle of each tensor storage made the host read every one through a nested ``torch.load``."""
+    from .tensor_pickle import dumps
+
+    body = dumps(message)
     return _OBJECT_HEADER.pack(len(body)) + body
 
 

@@ -233,12 +233,17 @@ def _strategy_kwargs(spec: RoleSpec, world: World) -> dict[str, Any]:
 
 
 def _prepare(spec: RoleSpec, emit: Any = None) -> None:
-    """Build the model and import what a fit imports late, once, in the process the role's ranks are
-    forked from (CPU only): lora_qwen's model is then copied, not built, by every role."""
+    """Import what a fit imports late and load the model, once, in the process the role's ranks are forked
+    from (CPU only). A model with a copy-once cache (lora_qwen's ``warm``) is warmed, usually a no-op as the
+    session warmed it before its first fork; any other is built once, for what its first build loads."""
     from pytest_sprite.plumbing.process import prewarm_fit
 
     prewarm_fit()
-    build_model(spec.recipe.source)
+    warm = getattr(spec.recipe.source.model, "warm", None)
+    if callable(warm):
+        warm()  # a build here would be a copy of the cached model, thrown away
+    else:
+        build_model(spec.recipe.source)
 
 
 def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | None = None) -> dict[str, Any]:

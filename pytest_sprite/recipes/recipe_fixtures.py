@@ -38,8 +38,10 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     """
     if not any("lora_qwen" in getattr(item, "fixturenames", ()) for item in items):
         return
+    from pytest_sprite.plumbing.process import prewarm_fit
     from pytest_sprite.recipes.lora_qwen import LoraQwen
 
+    prewarm_fit()  # what its fits import late, once here instead of in every test's sub-world zygote
     try:
         LoraQwen(qwen_path=_setting(config, "qwen_path")).model.warm()
     except Exception:
