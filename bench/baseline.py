@@ -86,9 +86,14 @@ def baseline_env(checkout: Path, env: dict[str, str], cwd: Path) -> tuple[dict[s
 
 
 def checkout_of(python: str, env: dict[str, str] | None = None) -> Path:
-    """The folder that holds the ``pytest_sprite`` which ``python`` imports (a checkout, or site-packages)."""
+    """The folder that holds the ``pytest_sprite`` which ``python`` imports (a checkout, or site-packages).
+
+    Asked from ``/``: ``python -c`` puts the working folder first on its path, so asked from this checkout
+    it answered this checkout, and the bench passed a baseline options it lacks.
+    """
     found = subprocess.run(
         [python, "-c", "import pytest_sprite as p; print(p.__file__)"],
+        cwd="/",
         env=env,
         capture_output=True,
         text=True,
