@@ -82,8 +82,8 @@ RULES: dict[str, tuple[str, ...]] = {
     # Old names kept for one release: each only asks the plumbing to alias it.
     "faults": ("plumbing",),
     "chaos": ("plumbing",),
-    # The in-rank world knows nothing of the harness around it.
-    "world": (),
+    # The in-rank world knows nothing of the harness around it; it pickles with the plumbing's tensor bytes.
+    "world": ("plumbing",),
     # The pytest glue: options, markers, tmp_path, results kept with items, pytest's internals.
     "glue": ("env", "errors", "plumbing", "world"),
     # The code under test never imports the plugin: only rank detection, the device chooser and errors.
