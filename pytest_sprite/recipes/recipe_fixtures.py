@@ -6,6 +6,7 @@ so loading it costs nothing in the controller.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,14 @@ if TYPE_CHECKING:
     from pytest_sprite.world import World
 
 __all__ = ["lora_qwen", "pytest_sprite_before_fork", "xpu_mesh"]
+
+RECIPE_MODULES = (
+    "pytest_sprite.recipes._arm",
+    "pytest_sprite.recipes._resume",
+    "pytest_sprite.recipes.artifacts",
+    "pytest_sprite.recipes.resume_roles",
+)
+"""The recipe's modules its checks import on first use: imported before the first fork, not in each test child."""
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -42,6 +51,8 @@ def pytest_sprite_before_fork(config: pytest.Config, items: Sequence[pytest.Item
     from pytest_sprite.recipes.lora_qwen import LoraQwen
 
     prewarm_fit()  # what its fits import late, once here instead of in every test's sub-world zygote
+    for name in RECIPE_MODULES:
+        importlib.import_module(name)
     try:
         LoraQwen(qwen_path=_setting(config, "qwen_path")).model.warm()
     except Exception:

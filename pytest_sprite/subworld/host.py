@@ -332,7 +332,7 @@ def _run_in_ranks_test(
     else:
         port = world.broadcast_object(0)
         store = tcp_store(host, port, is_master=False)
-    layout = world.gather_object((world.node, world.local_devices[world.local_rank]))
+    layout = _layout(world)
     mine = [_subworld_place(layout, size, world.rank)] if world.rank < size else []
     with phases.phase("fork"):
         hosted, run_dir = _start(
@@ -342,17 +342,28 @@ def _run_in_ranks_test(
         _absorb_profile(hosted)
     outcomes = [_outcome(h, run_dir) for h in hosted]
     _cleanup(run_dir)
-    gathered = world.gather_object((outcomes, _ready(hosted, start)))
-    world.barrier()
-    if world.rank == 0:
-        store = None  # the store's server ends here, after every rank is done with it
-    all_outcomes = sorted((o for part, _ in gathered for o in part), key=lambda o: o.rank)
+    gathered = world.gather_object((outcomes, _ready(hosted, start), monotonic() - start))
+    # every rank reached the gather, so none uses the store any more: its server (rank 0's) may end
+    store = None
+    all_outcomes = sorted((o for part, _, _ in gathered for o in part), key=lambda o: o.rank)
     return SubworldResult(
         name=_name(fn),
         outcomes=_attribute(all_outcomes),
-        wall_s=world.broadcast_object(monotonic() - start),
-        start_s=max(s for _, s in gathered[:size]) if size else 0.0,
+        wall_s=gathered[0][2],  # rank 0's, the same on every rank
+        start_s=max(s for _, s, _ in gathered[:size]) if size else 0.0,
     )
+
+
+_LAYOUTS: dict[int, list[tuple[int, int]]] = {}
+"""Each test rank's (node, device index), gathered once per test (a test child runs one test)."""
+
+
+def _layout(world: World) -> list[tuple[int, int]]:
+    key = id(world)
+    if key not in _LAYOUTS:
+        _LAYOUTS.clear()
+        _LAYOUTS[key] = world.gather_object((world.node, world.local_devices[world.local_rank]))
+    return _LAYOUTS[key]
 
 
 def _absorb_profile(hosted: Sequence[_Hosted]) -> None:
