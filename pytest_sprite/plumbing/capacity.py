@@ -6,7 +6,8 @@ there, half started. :func:`local_world_shortfall` says so before the first fork
 read: the process limit (``RLIMIT_NPROC``, ``kernel.pid_max`` and ``kernel.threads-max`` less the tasks
 running now), the descriptors the controller has left (``RLIMIT_NOFILE`` less those open now; it holds a
 socket per agent) and the memory available (``MemAvailable``) against what one forked process of this
-controller holds alone once it has frozen and collected its heap as an agent does (a probe fork's private memory).
+controller holds alone once it has frozen and collected its heap as an agent does (a probe fork's private
+memory).
 """
 
 from __future__ import annotations

@@ -277,7 +277,8 @@ def name_process(role: str) -> None:
 
     Every process of a session runs the same ``python -m pytest`` command line; the name tells a rank's
     agent, its test child, its zygotes and a sub-world's ranks apart when reading ``top`` at 96 ranks, and
-    lets a memory sampler sum them by role (an agent's spare child waits for the next test as ``sprite-spare``). Linux keeps 15 bytes of it; elsewhere nothing changes.
+    lets a memory sampler sum them by role (an agent's spare child waits for the next test as
+    ``sprite-spare``). Linux keeps 15 bytes of it; elsewhere nothing changes.
     """
     try:
         with open("/proc/self/comm", "w") as comm:
