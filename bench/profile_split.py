@@ -27,8 +27,8 @@ def profile_totals(report: Path) -> dict[str, float]:
 
 
 def print_profiles(profiles: dict[str, dict[str, float]], indent: str = "  ") -> None:
-    """The sessions' splits side by side, one column a session: the tests' wall time, the fits' own steps,
-    the share outside them, then every phase (seconds; a phase a session did not measure shows ``-``)."""
+    """The sessions' splits side by side, one column a session: the tests' wall time, the shares outside
+    the fits (Trainer, set-up, steps, teardown) and outside their steps, the steps, then every phase (seconds; a phase a session did not measure shows ``-``)."""
     shown = {label: dict(t) for label, t in profiles.items() if t.get("wall")}
     if not shown:
         return
@@ -38,8 +38,10 @@ def print_profiles(profiles: dict[str, dict[str, float]], indent: str = "  ") ->
     print(f"{indent}{'profile (s)':<24}" + "".join(f"{label:>{width + 2}}" for label in shown))
     rows: list[tuple[str, list[str]]] = [
         ("session wall time", [f"{t['session']:.1f}" if "session" in t else "-" for t in shown.values()]),
+        ("  outside the fits", [_outside(t, "session", FIT_PHASES) for t in shown.values()]),
         ("  outside the steps", [_outside(t, "session") for t in shown.values()]),
         ("tests' wall time", [f"{t['wall']:.1f}" for t in shown.values()]),
+        ("  outside the fits", [_outside(t, "wall", FIT_PHASES) for t in shown.values()]),
         ("  outside the steps", [_outside(t, "wall") for t in shown.values()]),
         ("the fits' steps", [f"{t.get('steps', 0.0):.1f}" for t in shown.values()]),
         ("the tests' other phases", ["" for _ in shown]),
@@ -49,9 +51,15 @@ def print_profiles(profiles: dict[str, dict[str, float]], indent: str = "  ") ->
         print((f"{indent}{name:<24}" + "".join(f"{c:>{width + 2}}" for c in cells)).rstrip())
 
 
-def _outside(totals: dict[str, float], of: str) -> str:
-    """The seconds of ``of`` (the session's or the tests' wall time) outside the fits' steps, and their share."""
+FIT_PHASES = ("trainer", "fit setup", "steps", "teardown")
+"""A fit, from building its ``Trainer`` to its teardown: what the phases outside it are measured against."""
+
+
+def _outside(totals: dict[str, float], of: str, inside: tuple[str, ...] = ("steps",)) -> str:
+    """The seconds of ``of`` (the session's or the tests' wall time) outside the ``inside`` phases (the fits'
+    steps by default), and their share."""
     if not totals.get(of):
         return "-"
-    wall, steps = totals[of], totals.get("steps", 0.0)
-    return f"{wall - steps:.1f} ({100 * (wall - steps) / wall:.0f}%)"
+    wall = totals[of]
+    fits = sum(totals.get(name, 0.0) for name in inside)
+    return f"{wall - fits:.1f} ({100 * (wall - fits) / wall:.0f}%)"

@@ -388,10 +388,12 @@ def norm_of(values: list[torch.Tensor]) -> float:
 
 
 def full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Whole values of many tensors with two collectives instead of one per DTensor, on their device.
+    """Whole values of many tensors with one collective instead of one per DTensor, on their device.
 
     Every rank must call it with the same tensors. DTensors sharded on dim 0 over one 1-D mesh (FSDP2's
     layout) are gathered together as one flat buffer; anything else goes through ``full_tensor`` one by one.
+    Each rank's share of a ``Shard(0)`` tensor follows ``torch.chunk`` (DTensor's documented split), so the
+    sizes are known without asking the other ranks.
     """
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
@@ -407,13 +409,11 @@ def full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     group = tensors[batched[0]].device_mesh.get_group()  # type: ignore[attr-defined]
     size = dist.get_world_size(group)
     locals_ = [tensors[i].to_local() for i in batched]  # type: ignore[attr-defined]
-    counts = torch.tensor([t.numel() for t in locals_], dtype=torch.int64)
-    all_counts = [torch.empty_like(counts) for _ in range(size)]
-    dist.all_gather(all_counts, counts, group=group)
+    all_counts = [[_chunk_numel(tuple(tensors[i].shape), size, r) for i in batched] for r in range(size)]
     dtype = locals_[0].dtype
     if any(t.dtype != dtype for t in locals_):
         return [full_tensor(t) for t in tensors]
-    longest = max(int(c.sum()) for c in all_counts)
+    longest = max(sum(c) for c in all_counts)
     flat = torch.zeros(longest, dtype=dtype, device=locals_[0].device)
     joined = torch.cat([t.reshape(-1) for t in locals_])
     flat[: joined.numel()] = joined
@@ -423,11 +423,22 @@ def full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     for k, i in enumerate(batched):
         pieces = []
         for r in range(size):
-            n = int(all_counts[r][k])
+            n = all_counts[r][k]
             pieces.append(gathered[r][offsets[r] : offsets[r] + n])
             offsets[r] += n
         out[i] = torch.cat(pieces).reshape(tuple(tensors[i].shape))
     return out
+
+
+def _chunk_numel(shape: tuple[int, ...], size: int, rank: int) -> int:
+    """Elements of ``rank``'s share of a tensor of ``shape`` split on dim 0 into ``size`` as ``torch.chunk`` does."""
+    rows = shape[0] if shape else 1
+    per = -(-rows // size) if rows else 0
+    mine = max(0, min(per, rows - rank * per))
+    rest = 1
+    for n in shape[1:]:
+        rest *= n
+    return mine * rest
 
 
 def full_values(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
