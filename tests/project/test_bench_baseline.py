@@ -129,7 +129,7 @@ def test_profiles_print_side_by_side_one_column_a_session(
 ) -> None:
     bench["profile_split"].print_profiles(
         {
-            "baseline abc1234": {"wall": 10.0, "steps": 4.0, "fork": 3.0, "session": 20.0},
+            "baseline abc1234": {"wall": 10.0, "steps": 4.0, "fit setup": 1.0, "fork": 3.0, "session": 20.0},
             "now": {"wall": 8.0, "steps": 4.0, "fork": 1.0, "probe": 0.5},
             "unprofiled": {},
         }
@@ -138,11 +138,14 @@ def test_profiles_print_side_by_side_one_column_a_session(
     assert capsys.readouterr().out.splitlines() == [
         "  profile (s)               baseline abc1234               now",
         "  session wall time                     20.0                 -",
+        "    outside the fits              15.0 (75%)                 -",
         "    outside the steps             16.0 (80%)                 -",
         "  tests' wall time                      10.0               8.0",
+        "    outside the fits               5.0 (50%)         4.0 (50%)",
         "    outside the steps              6.0 (60%)         4.0 (50%)",
         "  the fits' steps                        4.0               4.0",
         "  the tests' other phases",
+        "    fit setup                            1.0                 -",
         "    fork                                 3.0               1.0",
         "    probe                                  -               0.5",
     ]
