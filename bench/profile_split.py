@@ -28,7 +28,8 @@ def profile_totals(report: Path) -> dict[str, float]:
 
 def print_profiles(profiles: dict[str, dict[str, float]], indent: str = "  ") -> None:
     """The sessions' splits side by side, one column a session: the tests' wall time, the shares outside
-    the fits (Trainer, set-up, steps, teardown) and outside their steps, the steps, then every phase (seconds; a phase a session did not measure shows ``-``)."""
+    the fits (Trainer, set-up, steps, teardown) and outside their steps, the steps, then every phase
+    (seconds; a phase a session did not measure shows ``-``)."""
     shown = {label: dict(t) for label, t in profiles.items() if t.get("wall")}
     if not shown:
         return

@@ -433,12 +433,8 @@ def full_many(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 def _chunk_numel(shape: tuple[int, ...], size: int, rank: int) -> int:
     """Elements of ``rank``'s share of a tensor of ``shape`` split on dim 0 into ``size`` as ``torch.chunk`` does."""
     rows = shape[0] if shape else 1
-    per = -(-rows // size) if rows else 0
-    mine = max(0, min(per, rows - rank * per))
-    rest = 1
-    for n in shape[1:]:
-        rest *= n
-    return mine * rest
+    per = math.ceil(rows / size)
+    return max(0, min(per, rows - rank * per)) * math.prod(shape[1:])
 
 
 def full_values(named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
