@@ -10,9 +10,11 @@ code under test keeps Lightning's in ``pytest_sprite/lightning/_internals.py``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
+    "backend_options_timeout",
     "coverage_config_data",
     "coverage_from_config_data",
     "ddp_comm_hook_names",
@@ -327,12 +329,14 @@ def torch_continuous_run(cls: Any, test_id: str) -> None:
     cls._run_test_given_id(test_id)
 
 
-def process_group_device_backend(group: Any, backend: Any) -> bool:
-    """Give the Python process group ``group`` the real ``backend`` for CPU tensors; False where torch cannot.
+def process_group_device_backend(group: Any, backend: Any, devices: Iterable[str], backend_type: str) -> bool:
+    """Give the Python process group ``group`` the real ``backend`` for tensors on ``devices``; False where
+    torch cannot. ``backend_type`` names its ``ProcessGroup.BackendType`` member (``GLOO``, ``NCCL``, ...).
 
     ``--sprite-mutate``'s group is a ``ProcessGroup`` made in Python: torch's own Python and C++ callers reach
     its methods, but the functional collectives (DTensor's redistributions) dispatch to the group's backend for
-    the tensor's device, which a Python group has none of. torch 2.13 offers only the private
+    the tensor's device, which a Python group has none of, and the object collectives and barrier pick their
+    device from the devices a group has backends for. torch 2.13 offers only the private
     ``ProcessGroup._register_backend(device, type, backend)`` for that (``init_process_group`` uses it).
     Fallback: none registered; those collectives then fail with torch's "No backend type associated" error.
     """
@@ -342,7 +346,22 @@ def process_group_device_backend(group: Any, backend: Any) -> bool:
     register = getattr(group, "_register_backend", None)
     if register is None:
         return False
-    register(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, backend)
+    for device in devices:
+        register(torch.device(device), getattr(dist.ProcessGroup.BackendType, backend_type), backend)
+    return True
+
+
+def backend_options_timeout(options: Any, timeout: Any) -> bool:
+    """Set the timeout of a backend's ``options`` (``ProcessGroupNCCL.Options``, ``ProcessGroupXCCL.Options``)
+    before the backend is made with them; False where torch offers no way to.
+
+    Those options take no timeout when made, and torch 2.13 exposes it only as the private ``_timeout``
+    property, which ``init_process_group`` sets the same way. Fallback: the backend's own default timeout
+    (10 minutes for NCCL): a hung collective under ``--sprite-mutate`` then waits that long, not the test's.
+    """
+    if not hasattr(options, "_timeout"):
+        return False
+    options._timeout = timeout
     return True
 
 

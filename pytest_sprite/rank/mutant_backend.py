@@ -1,8 +1,9 @@
 """The process group a test child runs on under ``--sprite-mutate``: a real backend, recorded and mutated.
 
-A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo on
-CPU), registered under its own backend name and made the test's default group, so every caller reaches it:
-plain ``torch.distributed`` calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
+A Python ``torch.distributed.ProcessGroup`` subclass wraps the backend the rank would have used (gloo, nccl,
+xccl or mpi: :data:`INNER_BACKENDS`; only gloo on CPU is run by this project's tests), registered under its
+own backend name and made the test's default group, so every caller reaches it: plain ``torch.distributed``
+calls, DDP's C++ reducer (through torch's Python trampoline), FSDP2's
 all-gather and reduce-scatter and DTensor's redistributions (sub-groups of a device mesh are made through
 the same backend name; torch's functional all-gather and reduce-scatter, which DTensor's ``Shard`` and
 ``Partial`` redistributions call, are routed to this group's methods by
@@ -15,18 +16,79 @@ mutant only for a test that called its op.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
 import torch.distributed as dist
 
+from ..errors import SpriteUsageError
 from ..plumbing.mutants import MutantSpec, current_run, start_run
 
-__all__ = ["BACKEND_NAME", "called_ops", "install"]
+__all__ = ["BACKEND_NAME", "INNER_BACKENDS", "InnerBackend", "called_ops", "install"]
 
 BACKEND_NAME: Final = "sprite_mutant"
 """The backend name the test's default group is made with under ``--sprite-mutate``."""
+
+
+@dataclass(frozen=True)
+class InnerBackend:
+    """How to make one real backend from the options torch hands a registered backend's creator."""
+
+    make: Callable[[Any], Any]
+    """The backend, from torch's ``_DistributedBackendOptions`` (store, group rank and size, timeout)."""
+    devices: tuple[str, ...]
+    """The device types torch serves with it (its ``Backend.backend_capability``): the wrapper registers the
+    real backend for each, so what dispatches by device (object collectives, the functional collectives,
+    barrier's device) finds it."""
+    backend_type: str
+    """Its ``torch.distributed.ProcessGroup.BackendType`` member (a name: older torch lacks ``XCCL``)."""
+
+
+def _options(make: Callable[[], Any], options: Any) -> Any:
+    """``make()``'s backend options with the group's timeout, ranks and name, as ``init_process_group``
+    sets them."""
+    from ..plumbing.dependency_internals import backend_options_timeout
+
+    opts = make()
+    backend_options_timeout(opts, options.timeout)
+    opts.global_ranks_in_group = options.global_ranks_in_group
+    opts.group_name = options.group_id
+    return opts
+
+
+INNER_BACKENDS: Final[Mapping[str, InnerBackend]] = {
+    "gloo": InnerBackend(
+        lambda o: dist.ProcessGroupGloo(o.store, o.group_rank, o.group_size, o.timeout),
+        ("cpu", "cuda"),
+        "GLOO",
+    ),
+    "nccl": InnerBackend(
+        lambda o: dist.ProcessGroupNCCL(
+            o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupNCCL.Options, o)
+        ),
+        ("cuda",),
+        "NCCL",
+    ),
+    "xccl": InnerBackend(
+        lambda o: dist.ProcessGroupXCCL(
+            o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupXCCL.Options, o)
+        ),
+        ("xpu",),
+        "XCCL",
+    ),
+    "mpi": InnerBackend(
+        lambda o: dist.ProcessGroupMPI.create(o.global_ranks_in_group),
+        ("cpu", "cuda"),
+        "MPI",
+    ),
+}
+"""The backends ``--sprite-mutate`` wraps, made with torch's public constructors as ``init_process_group``
+makes them. Only gloo on CPU is run by this project's tests."""
+
+_DEVICES: Final = tuple(dict.fromkeys(d for inner in INNER_BACKENDS.values() for d in inner.devices))
+"""Every device type an inner backend serves: the wrapper's backend name is registered for all of them."""
 
 _state: dict[str, Any] = {
     "stale": {},
@@ -46,25 +108,47 @@ def install(mutant: str | None, inner_backend: str) -> str:
     """Register the wrapper backend over ``inner_backend`` and plant ``mutant`` (a spec string, or None for
     the recording clean run); the backend name for ``init_process_group``."""
 
+    _inner(inner_backend)
     start_run(mutant).group_backend = functools.partial(install, mutant)
     _state.update(stale={}, inner=inner_backend)
     if not _state["registered"]:  # once per process; a forked child inherits it
         from ..plumbing.dependency_internals import route_functional_collectives
 
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=list(_DEVICES))
         route_functional_collectives()
         _state["registered"] = True
     return BACKEND_NAME
 
 
-def _create(options: Any, _backend_options: Any) -> Any:
+def _inner(name: str) -> InnerBackend:
+    """How to make the backend ``name``; raises where ``--sprite-mutate`` cannot wrap it here."""
+    inner = INNER_BACKENDS.get(name)
+    if inner is None:
+        *rest, last = INNER_BACKENDS
+        raise SpriteUsageError(
+            f"--sprite-mutate wraps {', '.join(rest)} and {last}; this test's process group uses {name!r}: "
+            "run the mutants on one of those (--sprite-device=cpu runs them over gloo) or leave "
+            "--sprite-mutate off"
+        )
+    available = getattr(dist, f"is_{name}_available", None)
+    if available is None or not available():
+        raise SpriteUsageError(
+            f"--sprite-mutate would wrap this test's process group backend {name!r}, but this torch build "
+            f"({torch.__version__}) has none (torch.distributed.is_{name}_available() is not True): run the "
+            "mutants with a torch built with it, or on the CPU (--sprite-device=cpu runs them over gloo), or "
+            "leave --sprite-mutate off"
+        )
+    return inner
 
+
+def _create(options: Any, _backend_options: Any) -> Any:
     from ..plumbing.dependency_internals import process_group_device_backend
 
-    inner = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+    made = _inner(_state["inner"])
+    inner = made.make(options)
     group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
     # what dispatches by device (torch's c10d ops) reaches the real backend; the functional collectives do not
-    process_group_device_backend(group, inner)
+    process_group_device_backend(group, inner, made.devices, made.backend_type)
     return group
 
 
