@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
@@ -26,24 +25,10 @@ import torch.distributed as dist
 from ..errors import SpriteUsageError
 from ..plumbing.mutants import MutantSpec, current_run, start_run
 
-__all__ = ["BACKEND_NAME", "INNER_BACKENDS", "InnerBackend", "called_ops", "install"]
+__all__ = ["BACKEND_NAME", "INNER_BACKENDS", "called_ops", "install"]
 
 BACKEND_NAME: Final = "sprite_mutant"
 """The backend name the test's default group is made with under ``--sprite-mutate``."""
-
-
-@dataclass(frozen=True)
-class InnerBackend:
-    """How to make one real backend from the options torch hands a registered backend's creator."""
-
-    make: Callable[[Any], Any]
-    """The backend, from torch's ``_DistributedBackendOptions`` (store, group rank and size, timeout)."""
-    devices: tuple[str, ...]
-    """The device types torch serves with it (its ``Backend.backend_capability``): the wrapper registers the
-    real backend for each, so what dispatches by device (object collectives, the functional collectives,
-    barrier's device) finds it."""
-    backend_type: str
-    """Its ``torch.distributed.ProcessGroup.BackendType`` member (a name: older torch lacks ``XCCL``)."""
 
 
 def _options(make: Callable[[], Any], options: Any) -> Any:
@@ -58,37 +43,27 @@ def _options(make: Callable[[], Any], options: Any) -> Any:
     return opts
 
 
-INNER_BACKENDS: Final[Mapping[str, InnerBackend]] = {
-    "gloo": InnerBackend(
-        lambda o: dist.ProcessGroupGloo(o.store, o.group_rank, o.group_size, o.timeout),
-        ("cpu", "cuda"),
-        "GLOO",
+INNER_BACKENDS: Final[Mapping[str, Callable[[Any], Any]]] = {
+    "gloo": lambda o: dist.ProcessGroupGloo(o.store, o.group_rank, o.group_size, o.timeout),
+    "nccl": lambda o: dist.ProcessGroupNCCL(
+        o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupNCCL.Options, o)
     ),
-    "nccl": InnerBackend(
-        lambda o: dist.ProcessGroupNCCL(
-            o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupNCCL.Options, o)
-        ),
-        ("cuda",),
-        "NCCL",
+    "xccl": lambda o: dist.ProcessGroupXCCL(
+        o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupXCCL.Options, o)
     ),
-    "xccl": InnerBackend(
-        lambda o: dist.ProcessGroupXCCL(
-            o.store, o.group_rank, o.group_size, _options(dist.ProcessGroupXCCL.Options, o)
-        ),
-        ("xpu",),
-        "XCCL",
-    ),
-    "mpi": InnerBackend(
-        lambda o: dist.ProcessGroupMPI.create(o.global_ranks_in_group),
-        ("cpu", "cuda"),
-        "MPI",
-    ),
+    "mpi": lambda o: dist.ProcessGroupMPI.create(o.global_ranks_in_group),
 }
-"""The backends ``--sprite-mutate`` wraps, made with torch's public constructors as ``init_process_group``
-makes them. Only gloo on CPU is run by this project's tests."""
+"""The backends ``--sprite-mutate`` wraps, each made from the options torch hands a registered backend's
+creator (store, group rank and size, timeout) with torch's public constructors, as ``init_process_group``
+makes them. Only gloo on CPU is run by this project's tests. The devices each serves and its backend type
+are torch's own (``Backend.backend_capability``, ``Backend.backend_type_map``)."""
 
-_DEVICES: Final = tuple(dict.fromkeys(d for inner in INNER_BACKENDS.values() for d in inner.devices))
-"""Every device type an inner backend serves: the wrapper's backend name is registered for all of them."""
+
+def _devices(name: str) -> list[str]:
+    """The device types torch serves with backend ``name``: the wrapper registers the real backend for each,
+    so what dispatches by device (object collectives, the functional collectives, barrier's device) finds it."""
+    return list(dist.Backend.backend_capability.get(name, ()))
+
 
 _state: dict[str, Any] = {
     "stale": {},
@@ -114,13 +89,14 @@ def install(mutant: str | None, inner_backend: str) -> str:
     if not _state["registered"]:  # once per process; a forked child inherits it
         from ..plumbing.dependency_internals import route_functional_collectives
 
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=list(_DEVICES))
+        every = dict.fromkeys(device for name in INNER_BACKENDS for device in _devices(name))
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=list(every))
         route_functional_collectives()
         _state["registered"] = True
     return BACKEND_NAME
 
 
-def _inner(name: str) -> InnerBackend:
+def _inner(name: str) -> Callable[[Any], Any]:
     """How to make the backend ``name``; raises where ``--sprite-mutate`` cannot wrap it here."""
     inner = INNER_BACKENDS.get(name)
     if inner is None:
@@ -144,11 +120,12 @@ def _inner(name: str) -> InnerBackend:
 def _create(options: Any, _backend_options: Any) -> Any:
     from ..plumbing.dependency_internals import process_group_device_backend
 
-    made = _inner(_state["inner"])
-    inner = made.make(options)
+    name = _state["inner"]
+    inner = _inner(name)(options)
     group = MutantProcessGroup(inner, options.group_rank, options.group_size, str(options.group_id))
     # what dispatches by device (torch's c10d ops) reaches the real backend; the functional collectives do not
-    process_group_device_backend(group, inner, made.devices, made.backend_type)
+    kind = dist.Backend.backend_type_map[name].name
+    process_group_device_backend(group, inner, _devices(name), kind)
     return group
 
 
