@@ -2,7 +2,8 @@
 
 A local world is a tree of processes: the pytest controller, one agent per rank, each agent's test child,
 its zygotes and the sub-world ranks they fork. pytest-sprite names each process by its role
-(``sprite-agent``, ``sprite-test``, ``sprite-spare``, ``sprite-pristine``, ``sprite-zygote``, ``sprite-subworld``; the
+(``sprite-agent``, ``sprite-test``, ``sprite-spare``, ``sprite-pristine``, ``sprite-warm``, ``sprite-zygote``,
+``sprite-subworld``; the
 controller keeps ``python``), so a sample is summed by name. PSS splits a page shared by N processes into N
 parts, so the sum over the tree is what the world costs the machine; ``Pss_Anon`` is memory a process wrote
 (Python objects, tensors, buffers, including pages it still shares with its forked relatives), ``Pss_File``

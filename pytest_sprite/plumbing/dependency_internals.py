@@ -10,7 +10,8 @@ code under test keeps Lightning's in ``pytest_sprite/lightning/_internals.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "ddp_comm_hook_names",
     "ddp_ignore_parameters",
     "ddp_logging_data",
+    "device_stand_in",
     "fsdp_mixed_precision",
+    "functional_collectives_routed",
     "hf_no_split_modules",
     "hypothesis_explicit_seed",
     "hypothesis_test_settings",
@@ -351,6 +354,25 @@ def process_group_device_backend(group: Any, backend: Any, devices: Iterable[str
     return True
 
 
+def device_stand_in(rank: int, size: int) -> Any | None:
+    """A backend that stands for a Python process group's devices and is never called: torch's
+    ``FakeProcessGroup`` (the private ``torch._C._distributed_c10d.FakeProcessGroup._create_internal``, torch
+    2.13; the public ``fake`` backend makes only whole groups of its own).
+
+    A dry world's group (``subworld/dry_world.py``) answers every collective itself, but what picks a device
+    from a group's backends (object collectives, ``barrier``) finds none on a Python group without one.
+    Fallback: None; those then fail in a dry world with torch's "No backend type associated" error, and a
+    rehearsal that reaches them ends there (the real fit is unaffected).
+    """
+    import torch
+
+    fake = getattr(torch._C._distributed_c10d, "FakeProcessGroup", None)
+    create = getattr(fake, "_create_internal", None)
+    if create is None:
+        return None
+    return create(rank, size)
+
+
 def backend_options_timeout(options: Any, timeout: Any) -> bool:
     """Set the timeout of a backend's ``options`` (``ProcessGroupNCCL.Options``, ``ProcessGroupXCCL.Options``)
     before the backend is made with them; False where torch offers no way to.
@@ -384,6 +406,37 @@ def route_functional_collectives() -> bool:
     """
     if _functional_library:
         return True
+    library = _functional_routing(all_reduce=False)
+    if library is None:
+        return False
+    _functional_library.append(library)
+    return True
+
+
+@contextlib.contextmanager
+def functional_collectives_routed() -> Iterator[bool]:
+    """Inside, every functional collective of CPU tensors (all-reduce too) goes through its group's methods,
+    as :func:`route_functional_collectives` routes some for good; on the way out torch's own kernels are back.
+
+    A dry world's Python group (``subworld/dry_world.py``) answers them itself. Undoing a registration takes
+    the private ``Library._destroy()`` (torch 2.13; public: only the library's garbage collection, whose
+    time is not the caller's). Yields False, routing nothing, where torch lacks the names.
+    """
+    if _functional_library:  # routed for good in this process already: leave it so
+        yield False
+        return
+    library = _functional_routing(all_reduce=True)
+    try:
+        yield library is not None
+    finally:
+        destroy = getattr(library, "_destroy", None)
+        if callable(destroy):
+            destroy()
+
+
+def _functional_routing(*, all_reduce: bool) -> Any | None:
+    """A ``torch.library.Library`` whose CPU kernels route the functional collectives; None where torch
+    lacks the names this needs."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -391,7 +444,7 @@ def route_functional_collectives() -> bool:
     resolve = getattr(c10d, "_resolve_process_group", None)
     options = getattr(torch._C._distributed_c10d, "AllgatherOptions", None)
     if resolve is None or options is None or not hasattr(torch.ops, _FUNCTIONAL_OPS):
-        return False
+        return None
 
     def gather(tensor: Any, group_size: int, group_name: str) -> Any:
         out = tensor.new_empty((group_size * tensor.shape[0], *tensor.shape[1:]))
@@ -405,20 +458,32 @@ def route_functional_collectives() -> bool:
         resolve(group_name)._reduce_scatter_base(out, tensor.contiguous(), opts).wait()
         return out
 
-    def gather_many(tensors: list[Any], group_size: int, group_name: str) -> list[Any]:
-        return [gather(t, group_size, group_name) for t in tensors]
+    def reduce_(tensor: Any, reduce_op: str, group_name: str) -> Any:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, reduce_op.upper())
+        resolve(group_name).allreduce([tensor], opts).wait()
+        return tensor
 
-    def scatter_many(tensors: list[Any], reduce_op: str, group_size: int, group_name: str) -> list[Any]:
-        return [scatter(t, reduce_op, group_size, group_name) for t in tensors]
+    def reduce(tensor: Any, reduce_op: str, group_name: str) -> Any:
+        return reduce_(tensor.clone(memory_format=torch.contiguous_format), reduce_op, group_name)
+
+    def each(one: Any) -> Any:  # a coalesced op: the single one over its tensors
+        return lambda tensors, *rest: [one(t, *rest) for t in tensors]
 
     library: Any = torch.library.Library(_FUNCTIONAL_OPS, "IMPL")  # type: ignore[no-untyped-call]
-    kernels = {
+    kernels: dict[str, Any] = {
         "all_gather_into_tensor": gather,
-        "all_gather_into_tensor_coalesced": gather_many,
+        "all_gather_into_tensor_coalesced": each(gather),
         "reduce_scatter_tensor": scatter,
-        "reduce_scatter_tensor_coalesced": scatter_many,
+        "reduce_scatter_tensor_coalesced": each(scatter),
     }
+    if all_reduce:
+        kernels |= {
+            "all_reduce": reduce,
+            "all_reduce_": reduce_,
+            "all_reduce_coalesced": each(reduce),
+            "all_reduce_coalesced_": each(reduce_),
+        }
     for name, kernel in kernels.items():
         library.impl(name, kernel, "CPU")
-    _functional_library.append(library)
-    return True
+    return library

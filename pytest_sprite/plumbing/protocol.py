@@ -563,9 +563,11 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def send_fork_request(sock: socket.socket, payload: bytes, channel: socket.socket) -> None:
-    """Test child -> zygote: fork a sub-world rank with ``payload``, talking on ``channel`` (passed along)."""
-    socket.send_fds(sock, [_OBJECT_HEADER.pack(len(payload))], [channel.fileno()])
-    sock.sendall(payload)
+    """Test child -> zygote: fork a sub-world rank with ``payload``, talking on ``channel`` (passed along); one
+    message where the socket has room, so requests of test children sharing a socket never interleave."""
+    data = _OBJECT_HEADER.pack(len(payload)) + payload
+    sent = socket.send_fds(sock, [data], [channel.fileno()])
+    sock.sendall(data[sent:])
 
 
 def recv_fork_request(sock: socket.socket) -> tuple[bytes, socket.socket] | None:

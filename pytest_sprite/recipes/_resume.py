@@ -17,10 +17,11 @@ Before every load, four frozen tensors are changed, so only the checkpoint can r
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -48,6 +49,9 @@ from pytest_sprite.recipes.resume_state import capture_state, rng_digest
 from pytest_sprite.recipes.sharding_units import default_shard
 from pytest_sprite.records import StateCapture, StepRecord
 from pytest_sprite.world import World
+
+if TYPE_CHECKING:
+    from pytest_sprite.subworld.join import Seat
 
 __all__ = ["ResumeRecipe", "RoleSpec", "run_role"]
 
@@ -261,6 +265,29 @@ def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | No
         raise SpriteUsageError(
             f"global_batch={recipe.global_batch} must be a multiple of the role's {ranks} ranks"
         )
+    directory = Path(spec.directory)
+    trainer = _fit(
+        world,
+        spec,
+        send,
+        max_epochs=spec.max_epochs if spec.max_epochs is not None else recipe.epochs,
+        callbacks=_checkpoints(spec, directory),
+    )
+    written = sorted(p.name for p in directory.glob("*.ckpt")) if directory.is_dir() else []
+    return {"strategy_class": type(trainer.strategy).__name__, "checkpoints": written}
+
+
+def _fit(
+    world: World,
+    spec: RoleSpec,
+    send: Callable[[str, Any], None],
+    *,
+    max_epochs: int,
+    max_steps: int = -1,
+    callbacks: list[Callback],
+) -> pl.Trainer:
+    recipe = spec.recipe
+    ranks = 1 if spec.strategy == "single" else world.size
     net = build_model(recipe.source)
     rows = recipe.source.rows(recipe.steps_per_epoch * recipe.global_batch)
     changed = _change_frozen(net) if spec.resume_from is not None else []
@@ -268,22 +295,61 @@ def run_role(world: World, spec: RoleSpec, emit: Callable[[str, Any], None] | No
     module = _ResumeModule(
         net=net, rows=rows, spec=spec, world=world, micro_batch=recipe.global_batch // ranks, emit=send
     )
-    directory = Path(spec.directory)
     with fit_numerics():
         trainer = make_trainer(
             _strategy_kwargs(spec, world),
-            root=directory,
-            max_epochs=spec.max_epochs if spec.max_epochs is not None else recipe.epochs,
+            root=spec.directory,
+            max_epochs=max_epochs,
+            max_steps=max_steps,
             clip=recipe.clip,
-            callbacks=_checkpoints(spec, directory),
+            callbacks=callbacks,
         )
         with phase("fit setup"):
             trainer.fit(module, ckpt_path=spec.resume_from)
-    written = sorted(p.name for p in directory.glob("*.ckpt")) if directory.is_dir() else []
-    return {"strategy_class": type(trainer.strategy).__name__, "checkpoints": written}
+    return trainer
+
+
+REHEARSAL_STEPS = 2
+"""Steps a rehearsal trains: the first fills the caches, the second the optimizer's state."""
+
+_rehearsed: set[tuple[Any, ...]] = set()
+
+
+def _rehearse(seat: Seat, spec: RoleSpec, emit: Any = None) -> None:
+    """Run the role's fit once, on a dry world in this process, as the rank ``seat`` names, so the ranks
+    forked from here later start with torch's caches filled; once per rank, world size, strategy,
+    precision and recipe. No checkpoint is written or read and no fault planted. Only the tiny model on
+    the CPU: the caches a real model fills are the same, and the dry fit would cost its steps."""
+    key = (seat.rank, seat.world_size, spec.strategy, spec.precision, pickle.dumps(spec.recipe))
+    if (
+        key in _rehearsed
+        or spec.strategy == "single"
+        or seat.world_size < 2
+        or seat.device != "cpu"
+        or spec.recipe.qwen_path is not None
+        or spec.recipe.global_batch % seat.world_size
+    ):
+        return
+    _rehearsed.add(key)
+    import tempfile
+
+    from pytest_sprite.subworld.dry_world import rehearsing
+
+    with tempfile.TemporaryDirectory(prefix="sprite-rehearsal-") as directory, rehearsing(seat) as world:
+        dry = replace(
+            spec,
+            directory=directory,
+            resume_from=None,
+            fault=None,
+            max_epochs=None,
+            stop_after_restore=False,
+            save_every_n_steps=None,
+        )
+        _fit(world, dry, lambda _name, _value: None, max_epochs=1, max_steps=REHEARSAL_STEPS, callbacks=[])
 
 
 run_role.subworld_prepare = _prepare  # type: ignore[attr-defined]
+run_role.subworld_rehearse = _rehearse  # type: ignore[attr-defined]
 
 
 def _meta(spec: RoleSpec, world: World, changed: list[str]) -> dict[str, Any]:

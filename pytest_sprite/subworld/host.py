@@ -315,7 +315,7 @@ def _run_in_ranks_test(
     timeout: float,
 ) -> SubworldResult:
     size = _check_ranks(ranks, world.size)
-    zygote = current_zygote()
+    zygote = current_zygote(world.rank)
     if zygote is None:
         raise SpriteUsageError(
             "run_subworld in a ranks test needs the harness's pre-initialized fork of this rank, which this "

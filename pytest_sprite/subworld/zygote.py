@@ -7,6 +7,12 @@ child asks it for that test's own zygote (:meth:`Zygote.connect`), which serves 
 leads a session of its own (so what its ranks leave running is found and named with the test's leftovers)
 and ends with the test child. A test that never starts a sub-world pays nothing for them, nor does a
 session.
+
+Between the two sits one *warm* process per test rank, forked by the pristine zygote the first time that
+test rank asks: it forks that test rank's zygotes, and each zygote tells it what it forked. Where the function
+can rehearse (its ``subworld_rehearse(seat, *args, **kwargs)`` attribute, a resume role's fit on a dry world
+of the same rank and size), the warm process rehearses it once, between requests, so the next tests' ranks
+start with torch's per-process caches filled (``subworld/dry_world.py``).
 """
 
 from __future__ import annotations
@@ -113,10 +119,11 @@ class Zygote:
         self._buf = bytearray()
 
     @classmethod
-    def connect(cls, pristine: socket.socket) -> Zygote:
-        """This test's own zygote, forked by the agent's pristine zygote; it ends when this process does."""
+    def connect(cls, pristine: socket.socket, rank: int) -> Zygote:
+        """This test's own zygote, for test rank ``rank``, forked through the agent's pristine zygote by that
+        rank's warm process; it ends when this process does."""
         mine, theirs = socket.socketpair()
-        send_fork_request(pristine, b"", theirs)
+        send_fork_request(pristine, str(rank).encode(), theirs)
         theirs.close()
         zygote = cls(0, mine)
         for kind, pid, _ in zygote._read(block=True):  # its first news is its own pid
@@ -221,11 +228,13 @@ class Pristine:
 
 
 def _pristine_main(sock: socket.socket) -> NoReturn:
-    """Fork one test zygote per request, each a session leader serving the socket it was sent; never returns."""
+    """Pass each request (a test zygote for test rank r) to rank r's warm process, forking it the first time;
+    never returns. Ends when the agent and every test child closed the socket."""
     die_with_parent()
     name_process("pristine")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    warm: dict[int, socket.socket] = {}
     while True:
         ready, _, _ = select.select([sock], [], [], 1.0)
         _reap_any()
@@ -233,18 +242,110 @@ def _pristine_main(sock: socket.socket) -> NoReturn:
             continue
         request = recv_fork_request(sock)
         if request is None:  # the agent and every test child closed it
-            os._exit(0)
-        _, channel = request
-        pid = os.fork()
-        if pid == 0:
-            try:
-                sock.close()
-                os.setsid()  # what its ranks leave running stays in this session, found by the test child
-                channel.sendall(forked(os.getpid()))
-                _zygote_main(channel)
-            finally:
-                os._exit(70)
+            os._exit(0)  # the warm processes and their zygotes die with it
+        payload, channel = request
+        rank = int(payload.decode() or 0)
+        if rank not in warm:
+            warm[rank] = _fork_warm(rank, close=[sock, *warm.values()])
+        send_fork_request(warm[rank], b"", channel)
         channel.close()
+
+
+def _fork_warm(rank: int, close: Sequence[socket.socket]) -> socket.socket:
+    """Fork test rank ``rank``'s warm process; the socket that asks it for test zygotes."""
+    mine, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for other in (*close, mine):
+                other.close()
+            _warm_main(theirs, rank)
+        finally:
+            os._exit(70)
+    theirs.close()
+    return mine
+
+
+def _warm_main(sock: socket.socket, rank: int) -> NoReturn:
+    """Fork one test zygote per request, each a session leader serving the socket it was sent; between
+    requests, rehearse what the zygotes report they forked (:func:`_rehearse`). Never returns.
+
+    Nothing is rehearsed before the rank's second test with a sub-world: a session that runs one (a project's
+    single resume check, most of pytest-sprite's own test sessions) would pay a rehearsal no test inherits.
+    """
+    die_with_parent()
+    name_process("warm")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hints: list[socket.socket] = []
+    zygotes = 0
+    while True:
+        ready, _, _ = select.select([sock, *hints], [], [], 1.0)
+        _reap_any()
+        if sock in ready:  # a test waits for its zygote: before any rehearsal
+            request = recv_fork_request(sock)
+            if request is None:
+                os._exit(0)
+            hints.append(_fork_zygote(request[1], close=[sock, *hints]))
+            zygotes += 1
+            continue
+        for hint in ready:
+            try:
+                payload = hint.recv(_HINT_BYTES)
+            except OSError:
+                payload = b""
+            if not payload:  # the zygote ended
+                hints.remove(hint)
+                hint.close()
+            elif zygotes > 1:
+                _rehearse(payload, rank)
+
+
+_HINT_BYTES = 4 << 20
+"""The largest hint a zygote sends its warm process (the socket's send buffer is set to it where allowed)."""
+
+
+def _fork_zygote(channel: socket.socket, close: Sequence[socket.socket]) -> socket.socket:
+    """Fork a test zygote serving ``channel``; the socket on which it reports what it forked."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for other in (*close, mine):
+                other.close()
+            os.setsid()  # what its ranks leave running stays in this session, found by the test child
+            channel.sendall(forked(os.getpid()))
+            try:
+                theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _HINT_BYTES)
+            except OSError:
+                pass
+            theirs.setblocking(False)
+            _zygote_main(channel, theirs)
+        finally:
+            os._exit(70)
+    channel.close()
+    theirs.close()
+    return mine
+
+
+def _rehearse(payload: bytes, rank: int) -> None:
+    """In test rank ``rank``'s warm process: rehearse the sub-world rank a zygote forked, where it is this
+    test rank's own seat (a rehearsal is sound only as the same rank of a world of the same size) and its
+    function can. Not under ``--sprite-mutate`` (its own group backend) or for a rank that joins no world.
+    A failed rehearsal costs only the time: its error is the real rank's to report."""
+    try:
+        spec, fn, args, kwargs = pickle.loads(payload)
+        rehearse = getattr(fn, "subworld_rehearse", None)
+        if (
+            not callable(rehearse)
+            or spec.seat.rank != rank
+            or not spec.join
+            or spec.group_backend is not None
+        ):
+            return
+        rehearse(spec.seat, *args, **kwargs)
+    except Exception:
+        pass
 
 
 def _reap_any() -> None:
@@ -257,13 +358,20 @@ def _reap_any() -> None:
             return
 
 
-def _zygote_main(sock: socket.socket) -> NoReturn:
-    """Serve fork requests until the test child closes the socket; report every rank's exit status."""
+def _zygote_main(sock: socket.socket, hint: socket.socket | None = None) -> NoReturn:
+    """Serve fork requests until the test child closes the socket; report every rank's exit status.
+
+    ``hint``: where each new request is passed on after its rank is forked (the test rank's warm process),
+    never waiting: a request the warm process has no room for is not rehearsed. The zygote does not rehearse
+    itself: its first sub-world would wait for it, and a test's few later ones do not win it back (the main
+    job was 6% slower so).
+    """
     die_with_parent()
     name_process("zygote")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     running: list[int] = []
+    hinted: set[bytes] = set()
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
         for pid in list(running):
@@ -287,10 +395,18 @@ def _zygote_main(sock: socket.socket) -> NoReturn:
         pid = os.fork()
         if pid == 0:
             sock.close()
+            if hint is not None:
+                hint.close()
             rank_main(payload, channel)
         channel.close()
         running.append(pid)
         sock.sendall(forked(pid))
+        if hint is not None and payload not in hinted:
+            hinted.add(payload)
+            try:
+                hint.send(payload)
+            except OSError:  # no room, too large, or the warm process ended
+                pass
 
 
 def _end_own_session() -> None:
@@ -332,11 +448,12 @@ _ZYGOTE: Zygote | None = None
 _PRISTINE: socket.socket | None = None
 
 
-def current_zygote() -> Zygote | None:
-    """This test child's zygote, asked for on first use; None outside a test child (a plain test)."""
+def current_zygote(rank: int) -> Zygote | None:
+    """This test child's zygote (it is test rank ``rank``), asked for on first use; None outside a test child
+    (a plain test)."""
     global _ZYGOTE
     if _ZYGOTE is None and _PRISTINE is not None:
-        _ZYGOTE = Zygote.connect(_PRISTINE)
+        _ZYGOTE = Zygote.connect(_PRISTINE, rank)
     return _ZYGOTE
 
 

@@ -258,3 +258,44 @@ def test_functional_collectives_reach_a_python_process_group_on_this_release() -
     assert done.stdout.split("\n")[-2] == str(
         ["allgather", "reduce_scatter", "allgather", "allgather", "reduce_scatter"]
     )
+
+
+SCOPED = """
+import torch, torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from pytest_sprite.plumbing.dependency_internals import device_stand_in, functional_collectives_routed
+from pytest_sprite.subworld.dry_world import BACKEND_NAME, DryProcessGroup, _register
+
+calls = []
+answer = DryProcessGroup._allgather_base
+DryProcessGroup._allgather_base = lambda self, *args: calls.append("allgather") or answer(self, *args)
+assert device_stand_in(0, 2) is not None
+_register()
+dist.init_process_group(BACKEND_NAME, store=dist.HashStore(), rank=0, world_size=2)
+x = torch.arange(4.0)
+with functional_collectives_routed() as routed:  # the dry group answers: every rank holds this rank's tensor
+    assert routed
+    print(funcol.all_gather_single(x, 0, dist.group.WORLD).tolist())
+    print(funcol.all_reduce(x, "sum", dist.group.WORLD).tolist())
+print(calls)
+funcol.all_gather_single(x, 0, dist.group.WORLD).wait()  # torch's own kernel again: the group's CPU backend
+print(calls)
+dist.destroy_process_group()
+"""
+
+
+def test_functional_collectives_are_routed_for_a_scope_only_on_this_release() -> None:
+    """Run in a child: the dry world's backend is registered for the whole process."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SCOPED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines == [
+        str([0.0, 1.0, 2.0, 3.0] * 2),
+        str([0.0, 1.0, 2.0, 3.0]),
+        "['allgather']",
+        "['allgather']",
+    ]

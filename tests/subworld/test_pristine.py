@@ -21,7 +21,7 @@ def test_the_pristine_zygote_is_forked_at_the_first_request_and_ends_with_its_as
     if asker == 0:  # a test child: asks for its own zygote, which answers with its pid
         code = 1
         try:
-            zygote = Zygote.connect(pristine.client)
+            zygote = Zygote.connect(pristine.client, 0)
             code = 0 if zygote.pid not in (0, os.getpid()) else 1
             zygote.close()
         finally:
