@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..errors import SpriteUsageError
 from ..plumbing.mutants import MutantSpec, current_run, start_run
+from ..plumbing.python_group import PythonProcessGroup
 
 __all__ = ["BACKEND_NAME", "INNER_BACKENDS", "called_ops", "install"]
 
@@ -129,24 +130,14 @@ def _create(options: Any, _backend_options: Any) -> Any:
     return group
 
 
-_ProcessGroup: Any = dist.ProcessGroup
-"""Its methods are overloaded in torch's stubs; the subclass takes torch's call forms."""
-
-
-class MutantProcessGroup(_ProcessGroup):  # type: ignore[misc]
+class MutantProcessGroup(PythonProcessGroup):
     """Every collective on the real backend, recorded, waited for, then mutated in place."""
 
+    backend_name = BACKEND_NAME
+
     def __init__(self, inner: Any, rank: int, size: int, name: str) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size, name)
         self.inner = inner
-        self.name_ = name
-
-    # torch's trampoline names (a ProcessGroup made in Python has no group name of its own)
-    def getBackendName(self) -> str:
-        return BACKEND_NAME
-
-    def getGroupName(self) -> str:
-        return self.name_
 
     def getGroupDesc(self) -> str:
         return f"{BACKEND_NAME} over {_state['inner']}"

@@ -34,6 +34,7 @@ from pytest_sprite.plumbing.dependency_internals import (
     process_group_device_backend,
 )
 from pytest_sprite.plumbing.process import computing_before_fork
+from pytest_sprite.plumbing.python_group import PythonProcessGroup
 from pytest_sprite.world import World, current_world
 
 from .join import Seat, join_world
@@ -67,22 +68,10 @@ class _Done(dist.Work):
         return self._future
 
 
-_ProcessGroup: Any = dist.ProcessGroup
-"""Its methods are overloaded in torch's stubs; the subclass takes torch's call forms."""
-
-
-class DryProcessGroup(_ProcessGroup):  # type: ignore[misc]
+class DryProcessGroup(PythonProcessGroup):
     """Every collective answered at once, as if every rank held this rank's tensors."""
 
-    def __init__(self, rank: int, size: int, name: str) -> None:
-        super().__init__(rank, size)
-        self.name_ = name
-
-    def getBackendName(self) -> str:
-        return BACKEND_NAME
-
-    def getGroupName(self) -> str:
-        return self.name_
+    backend_name = BACKEND_NAME
 
     def getGroupDesc(self) -> str:
         return "dry"
