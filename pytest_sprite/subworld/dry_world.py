@@ -35,7 +35,7 @@ from pytest_sprite.plumbing.dependency_internals import (
 )
 from pytest_sprite.plumbing.process import computing_before_fork
 from pytest_sprite.plumbing.python_group import PythonProcessGroup
-from pytest_sprite.world import World, current_world
+from pytest_sprite.world import World, _set_current, current_world
 
 from .join import Seat, join_world
 
@@ -228,8 +228,6 @@ def _nothing_changes() -> Iterator[None]:
         torch.set_num_threads(states[2])
         if numpy is not None:
             numpy.random.set_state(numpy_state)
-        from pytest_sprite.world import _set_current
-
         _set_current(world)
         if lightning_rank is not None:
             rank_zero_only.rank = lightning_rank  # type: ignore[attr-defined]

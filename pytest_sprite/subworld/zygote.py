@@ -244,7 +244,7 @@ def _pristine_main(sock: socket.socket) -> NoReturn:
         if request is None:  # the agent and every test child closed it
             os._exit(0)  # the warm processes and their zygotes die with it
         payload, channel = request
-        rank = int(payload.decode() or 0)
+        rank = int(payload)  # Zygote.connect sends the test rank
         if rank not in warm:
             warm[rank] = _fork_warm(rank, close=[sock, *warm.values()])
         send_fork_request(warm[rank], b"", channel)
