@@ -31,6 +31,7 @@ __all__ = [
     "collapse_heap_once",
     "computing_before_fork",
     "die_with_parent",
+    "exit_descriptor",
     "exit_text",
     "install_stack_dumps",
     "name_process",
@@ -332,6 +333,16 @@ def skip_static_destructors_at_exit() -> bool:
     atexit.register(fflush, None)
     _FAST_EXIT_SET = True
     return True
+
+
+def exit_descriptor(pid: int) -> int | None:
+    """A descriptor of child ``pid`` that becomes readable when it ends (a pidfd, Linux 5.3), for a loop
+    that waits on its sockets to wake at the exit too, not at its next poll; None where there is none (the
+    loop polls then). The caller closes it once the child is reaped."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def wait_for_exits(pids: Sequence[int], timeout: float) -> bool:

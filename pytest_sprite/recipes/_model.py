@@ -25,6 +25,7 @@ __all__ = [
     "Rows",
     "build_lora_qwen",
     "fresh_lora_qwen",
+    "keep_spare_lora_qwen",
     "lora_qwen_identity",
     "lora_qwen_vocab",
     "make_rows",
@@ -158,10 +159,19 @@ def build_lora_qwen(
 
 _PRISTINE: dict[tuple[int, str | None], tuple[LoraQwenClassifier, str]] = {}
 
+_SPARE: dict[tuple[int, str | None], tuple[int, LoraQwenClassifier]] = {}
+"""A copy made ahead, by the process that forks the ones that train (``warm``), with the pid that made it:
+a process forked after it takes that copy as its first model instead of copying (in a fresh fork the copy
+costs more than the steps of a small role); the maker itself never takes it."""
+
+
+def _key(seed: int, qwen_path: str | os.PathLike[str] | None) -> tuple[int, str | None]:
+    return seed, None if qwen_path is None else str(qwen_path)
+
 
 def _pristine(seed: int, qwen_path: str | os.PathLike[str] | None) -> tuple[LoraQwenClassifier, str]:
     """The model as first built in this process, and its identity; never handed out, only copied."""
-    key = (seed, None if qwen_path is None else str(qwen_path))
+    key = _key(seed, qwen_path)
     if key not in _PRISTINE:
         _PRISTINE[key] = build_lora_qwen(seed=seed, qwen_path=qwen_path)
     return _PRISTINE[key]
@@ -172,9 +182,23 @@ def fresh_lora_qwen(*, seed: int, qwen_path: str | os.PathLike[str] | None = Non
 
     Later calls return deep copies of the first build, so processes forked after it (sub-world roles,
     crash-matrix runs) copy the model instead of building it again: PEFT's adapter injection alone takes
-    0.3-0.7 s per build on a 2-core machine. The global RNG is untouched either way.
+    0.3-0.7 s per build on a 2-core machine. A process forked after :func:`keep_spare_lora_qwen` takes the
+    spare copy it inherited as its first model. The global RNG is untouched either way.
     """
+    spare = _SPARE.pop(_key(seed, qwen_path), None)
+    if spare is not None and spare[0] != os.getpid():
+        return spare[1]
     return copy.deepcopy(_pristine(seed, qwen_path)[0])
+
+
+def keep_spare_lora_qwen(*, seed: int, qwen_path: str | os.PathLike[str] | None = None) -> None:
+    """Build the model into this process's copy-once cache and, for the tiny in-memory model, keep one copy
+    ready for each process forked from here (its first :func:`fresh_lora_qwen` takes it). A model loaded
+    from disk keeps no spare: that would hold a second copy of real weights in every forking process."""
+    _pristine(seed, qwen_path)
+    key = _key(seed, qwen_path)
+    if qwen_path is None and key not in _SPARE:
+        _SPARE[key] = (os.getpid(), copy.deepcopy(_PRISTINE[key][0]))
 
 
 def lora_qwen_identity(*, seed: int, qwen_path: str | os.PathLike[str] | None = None) -> str:

@@ -312,15 +312,40 @@ def _fit(
 REHEARSAL_STEPS = 2
 """Steps a rehearsal trains: the first fills the caches, the second the optimizer's state."""
 
+REHEARSED_KINDS: tuple[tuple[str, str], ...] = (
+    ("ddp", "32-true"),
+    ("ddp", "bf16-mixed"),
+    ("fsdp", "32-true"),
+    ("fsdp", "bf16-mixed"),
+)
+"""The strategies and precisions a check's first role rehearses after its own: a session that resumes one
+kind usually resumes the others next (the hardware cells run both precisions, the shipped suite every
+strategy), and a test whose zygote was forked before its kind was rehearsed starts cold. ``fsdp_file``
+shares ``fsdp``'s model, steps and restore copies; only its checkpoint file differs."""
+
 _rehearsed: set[tuple[Any, ...]] = set()
 
 
-def _rehearse(seat: Seat, spec: RoleSpec, emit: Any = None) -> None:
+def _rehearse(seat: Seat, spec: RoleSpec, emit: Any = None) -> Iterator[None]:
+    """Rehearse the role's fit (:func:`_rehearse_kind`), then, for a check's first role (``fit``), the
+    other :data:`REHEARSED_KINDS` at the same rank and world size; yields after each one that ran, so the
+    warm process serves a waiting test between them."""
+    kinds = [(spec.strategy, spec.precision)]
+    if spec.role == "fit":
+        kinds += [kind for kind in REHEARSED_KINDS if kind != kinds[0]]
+    for strategy, precision in kinds:
+        if _rehearse_kind(seat, replace(spec, strategy=strategy, precision=precision)):
+            yield
+
+
+def _rehearse_kind(seat: Seat, spec: RoleSpec) -> bool:
     """Run the role's fit once, on a dry world in this process, as the rank ``seat`` names, so the ranks
-    forked from here later start with torch's caches filled; once per rank, world size, strategy,
-    precision and recipe. No checkpoint is written or read and no fault planted. Only the tiny model on
+    forked from here later start with torch's caches filled, then its restore's copies
+    (:func:`_restore_in_memory`); once per rank, world size, strategy, precision and recipe (False: done
+    before, or not rehearsed). No checkpoint is written or read and no fault planted. Only the tiny model on
     the CPU: the caches a real model fills are the same, and the dry fit would cost its steps."""
-    key = (seat.rank, seat.world_size, spec.strategy, spec.precision, pickle.dumps(spec.recipe))
+    family = "fsdp" if spec.strategy == "fsdp_file" else spec.strategy
+    key = (seat.rank, seat.world_size, family, spec.precision, pickle.dumps(spec.recipe))
     if (
         key in _rehearsed
         or spec.strategy == "single"
@@ -329,7 +354,7 @@ def _rehearse(seat: Seat, spec: RoleSpec, emit: Any = None) -> None:
         or spec.recipe.qwen_path is not None
         or spec.recipe.global_batch % seat.world_size
     ):
-        return
+        return False
     _rehearsed.add(key)
     import tempfile
 
@@ -345,7 +370,26 @@ def _rehearse(seat: Seat, spec: RoleSpec, emit: Any = None) -> None:
             stop_after_restore=False,
             save_every_n_steps=None,
         )
-        _fit(world, dry, lambda _name, _value: None, max_epochs=1, max_steps=REHEARSAL_STEPS, callbacks=[])
+        trainer = _fit(
+            world, dry, lambda _name, _value: None, max_epochs=1, max_steps=REHEARSAL_STEPS, callbacks=[]
+        )
+        _restore_in_memory(trainer)
+    _prepare(spec)  # the dry fit took this process's spare model: a spare again for the zygotes forked next
+    return True
+
+
+def _restore_in_memory(trainer: pl.Trainer) -> None:
+    """What a restore runs on a sharded model's DTensors, from the model's own state instead of a file, so
+    the ranks forked after a rehearsal restore with DTensor's sharding propagation cached too: the state
+    dict a sharded checkpoint is read into, copied into the model as Lightning does (a full-state file's
+    tensors are split into shards with plain tensor operations and copied in the same way). A model
+    without DTensors (DDP, one device) is left alone."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    model = trainer.strategy.model
+    if model is not None and any(isinstance(p, DTensor) for p in model.parameters()):
+        model.load_state_dict(get_model_state_dict(model))
 
 
 run_role.subworld_prepare = _prepare  # type: ignore[attr-defined]

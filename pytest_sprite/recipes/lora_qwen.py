@@ -48,10 +48,11 @@ class LoraModel:
         return fresh_lora_qwen(seed=self.seed, qwen_path=self.qwen_path)
 
     def warm(self) -> None:
-        """Build the model into this process's copy-once cache now, so processes forked later only copy it."""
-        from pytest_sprite.recipes._model import lora_qwen_identity
+        """Build the model into this process's copy-once cache now, so processes forked later only copy it
+        (the tiny model: take a copy made here)."""
+        from pytest_sprite.recipes._model import keep_spare_lora_qwen
 
-        lora_qwen_identity(seed=self.seed, qwen_path=self.qwen_path)
+        keep_spare_lora_qwen(seed=self.seed, qwen_path=self.qwen_path)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -454,9 +454,9 @@ def _watch(
     last_poll = 0.0
     first_death: float | None = None
     while any(h.status is None for h in hosted) or any(not h.eof for h in hosted):
-        socks = [h.channel for h in hosted if not h.eof]
-        if socks:
-            select.select(socks, [], [], 0.02)
+        waits = [*(h.channel.fileno() for h in hosted if not h.eof), *forker.waitable()]
+        if waits:  # a rank's message, its channel's end, or its exit (the forker's news) wakes it at once
+            select.select(waits, [], [], 0.02)
         else:
             sleep(0.02)
         for h in hosted:

@@ -23,12 +23,13 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, Protocol
 
 from pytest_sprite.plumbing.process import (
     computing_before_fork,
     die_with_parent,
+    exit_descriptor,
     name_process,
     one_thread_after_fork,
 )
@@ -67,42 +68,53 @@ class Forker(Protocol):
         """The ranks that ended since the last call: pid -> wait status."""
         ...
 
+    def waitable(self) -> list[int]:
+        """Descriptors that become readable when a rank may have ended: the host waits on them with the
+        ranks' channels, so an exit wakes it at once (none: it polls)."""
+        ...
+
 
 class DirectForker:
     """Forks ranks from this process: a plain test's world of its own."""
 
     def __init__(self) -> None:
-        self.pids: list[int] = []
+        self.exits: dict[int, int | None] = {}
+        """Each running rank's pid -> its exit descriptor (None: polled)."""
 
     def spawn(self, request: tuple[Any, ...], channel: socket.socket, host_fds: Sequence[int] = ()) -> int:
         """Fork the rank from this process: it has ``request`` already, so nothing is pickled."""
-        if not self.pids:
+        if not self.exits:
             _prepare(request)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             try:
-                for fd in host_fds:
+                for fd in (*host_fds, *(fd for fd in self.exits.values() if fd is not None)):
                     os.close(fd)
                 one_thread_after_fork()
                 rank_main(request, channel)
             finally:
                 os._exit(70)
-        self.pids.append(pid)
+        self.exits[pid] = exit_descriptor(pid)
         return pid
 
     def poll(self) -> dict[int, int]:
         done = {}
-        for pid in list(self.pids):
+        for pid, fd in list(self.exits.items()):
             try:
                 got, status = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 got, status = pid, 0
             if got:
                 done[pid] = status
-                self.pids.remove(pid)
+                del self.exits[pid]
+                if fd is not None:
+                    os.close(fd)
         return done
+
+    def waitable(self) -> list[int]:
+        return [fd for fd in self.exits.values() if fd is not None]
 
 
 class Zygote:
@@ -147,6 +159,10 @@ class Zygote:
                 self._exits[pid] = status
         done, self._exits = self._exits, {}
         return done
+
+    def waitable(self) -> list[int]:
+        """The zygote's socket: it reports each exit as it happens."""
+        return [self.sock.fileno()]
 
     def _read(self, *, block: bool) -> list[tuple[str, int, int]]:
         out: list[tuple[str, int, int]] = []
@@ -268,7 +284,7 @@ def _fork_warm(rank: int, close: Sequence[socket.socket]) -> socket.socket:
 
 def _warm_main(sock: socket.socket, rank: int) -> NoReturn:
     """Fork one test zygote per request, each a session leader serving the socket it was sent; between
-    requests, rehearse what the zygotes report they forked (:func:`_rehearse`). Never returns.
+    requests, rehearse what the zygotes report they forked (:func:`_rehearsal`), a step at a time. Never returns.
 
     Nothing is rehearsed before the rank's second test with a sub-world: a session that runs one (a project's
     single resume check, most of pytest-sprite's own test sessions) would pay a rehearsal no test inherits.
@@ -278,9 +294,10 @@ def _warm_main(sock: socket.socket, rank: int) -> NoReturn:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hints: list[socket.socket] = []
+    rehearsals: list[Iterator[None]] = []
     zygotes = 0
     while True:
-        ready, _, _ = select.select([sock, *hints], [], [], 1.0)
+        ready, _, _ = select.select([sock, *hints], [], [], 0 if rehearsals else 1.0)
         _reap_any()
         if sock in ready:  # a test waits for its zygote: before any rehearsal
             request = recv_fork_request(sock)
@@ -298,7 +315,12 @@ def _warm_main(sock: socket.socket, rank: int) -> NoReturn:
                 hints.remove(hint)
                 hint.close()
             elif zygotes > 1:
-                _rehearse(payload, rank)
+                rehearsals.append(_rehearsal(payload, rank))
+        if not ready and rehearsals and next(rehearsals[0], _DONE) is _DONE:  # one step, nothing waiting
+            rehearsals.pop(0)
+
+
+_DONE = object()
 
 
 _HINT_BYTES = 4 << 20
@@ -328,11 +350,13 @@ def _fork_zygote(channel: socket.socket, close: Sequence[socket.socket]) -> sock
     return mine
 
 
-def _rehearse(payload: bytes, rank: int) -> None:
+def _rehearsal(payload: bytes, rank: int) -> Iterator[None]:
     """In test rank ``rank``'s warm process: rehearse the sub-world rank a zygote forked, where it is this
     test rank's own seat (a rehearsal is sound only as the same rank of a world of the same size) and its
     function can. Not under ``--sprite-mutate`` (its own group backend) or for a rank that joins no world.
-    A failed rehearsal costs only the time: its error is the real rank's to report."""
+    Runs in steps: a ``subworld_rehearse`` that returns an iterator is advanced one item a step, so the
+    warm process serves a test waiting for its zygote between them. A failed rehearsal costs only the
+    time: its error is the real rank's to report."""
     try:
         spec, fn, args, kwargs = pickle.loads(payload)
         rehearse = getattr(fn, "subworld_rehearse", None)
@@ -343,9 +367,11 @@ def _rehearse(payload: bytes, rank: int) -> None:
             or spec.group_backend is not None
         ):
             return
-        rehearse(spec.seat, *args, **kwargs)
+        steps = rehearse(spec.seat, *args, **kwargs)
+        while isinstance(steps, Iterator) and next(steps, _DONE) is not _DONE:
+            yield
     except Exception:
-        pass
+        return
 
 
 def _reap_any() -> None:
@@ -370,16 +396,20 @@ def _zygote_main(sock: socket.socket, hint: socket.socket | None = None) -> NoRe
     name_process("zygote")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    running: list[int] = []
+    running: dict[int, int | None] = {}  # each rank's pid -> its exit descriptor (None: polled)
     hinted: set[bytes] = set()
     while True:
-        ready, _, _ = select.select([sock], [], [], 0.02)
-        for pid in list(running):
+        exits = [fd for fd in running.values() if fd is not None]
+        polled = len(exits) < len(running)
+        ready, _, _ = select.select([sock.fileno(), *exits], [], [], 0.02 if polled else 1.0)
+        for pid, fd in list(running.items()):
             got, status = os.waitpid(pid, os.WNOHANG)
             if got:
-                running.remove(pid)
+                del running[pid]
+                if fd is not None:
+                    os.close(fd)
                 sock.sendall(zygote_news(pid, status))
-        if not ready:
+        if sock.fileno() not in ready:
             continue
         request = recv_fork_request(sock)
         if request is None:
@@ -397,9 +427,12 @@ def _zygote_main(sock: socket.socket, hint: socket.socket | None = None) -> NoRe
             sock.close()
             if hint is not None:
                 hint.close()
+            for fd in running.values():
+                if fd is not None:
+                    os.close(fd)
             rank_main(payload, channel)
         channel.close()
-        running.append(pid)
+        running[pid] = exit_descriptor(pid)
         sock.sendall(forked(pid))
         if hint is not None and payload not in hinted:
             hinted.add(payload)

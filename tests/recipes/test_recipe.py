@@ -454,6 +454,33 @@ def test_bf16_single_device_arms_record_every_step(world: Any, tmp_path: Path) -
     assert loaded.steps[1].ranks == arms["split"].steps[1].ranks
 
 
+def test_a_process_forked_after_the_spare_takes_it_and_its_maker_copies() -> None:
+    """The copy kept ahead is the first model of each process forked after it, never its maker's."""
+    import os
+
+    from pytest_sprite.recipes import _model
+
+    _model.keep_spare_lora_qwen(seed=5)
+    spare = _model._SPARE[(5, None)][1]
+    mine = _model.fresh_lora_qwen(seed=5)
+    assert mine is not spare and (5, None) not in _model._SPARE  # the maker copies; the spare is gone here
+    _model.keep_spare_lora_qwen(seed=5)
+    spare = _model._SPARE[(5, None)][1]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a process forked after it: its first model is the spare, its second a copy
+        first, second = _model.fresh_lora_qwen(seed=5), _model.fresh_lora_qwen(seed=5)
+        os.write(write, bytes([first is spare, second is not spare]))
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 2)
+    os.waitpid(pid, 0)
+    assert got == bytes([1, 1])
+    built, _ = build_lora_qwen(seed=5)
+    for (name, a), (_, b) in zip(built.state_dict().items(), spare.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
 def test_fresh_lora_qwen_is_the_built_model_and_a_copy_each_time() -> None:
     """Sub-world roles and crash-matrix runs copy the model built once per process instead of building it."""
     from pytest_sprite.recipes._model import fresh_lora_qwen

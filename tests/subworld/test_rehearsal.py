@@ -4,6 +4,7 @@ rehearsal left (torch's caches)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import subprocess
@@ -117,16 +118,49 @@ def _payload(rank: int, tag: str, **spec: Any) -> bytes:
     return pickle.dumps((_Spec(_Seat(rank), **spec), _rank_fn, (tag,), {}))
 
 
+def _rehearse(payload: bytes, rank: int) -> int:
+    """Run a rehearsal to its end, as the warm process does between requests; its steps."""
+    return len(list(zygote._rehearsal(payload, rank)))
+
+
 def test_a_warm_process_rehearses_its_own_test_ranks_seat_only() -> None:
     CALLS.clear()
-    zygote._rehearse(_payload(1, "other rank"), rank=0)
-    zygote._rehearse(_payload(0, "mutated", group_backend="sprite_mutant"), rank=0)
-    zygote._rehearse(_payload(0, "no world", join=False), rank=0)
-    zygote._rehearse(_payload(0, "raise"), rank=0)  # its error is the real rank's to report, not the warm's
-    zygote._rehearse(b"not a pickle", rank=0)
+    _rehearse(_payload(1, "other rank"), rank=0)
+    _rehearse(_payload(0, "mutated", group_backend="sprite_mutant"), rank=0)
+    _rehearse(_payload(0, "no world", join=False), rank=0)
+    _rehearse(_payload(0, "raise"), rank=0)  # its error is the real rank's to report, not the warm's
+    _rehearse(b"not a pickle", rank=0)
     assert CALLS == []
-    zygote._rehearse(_payload(0, "own"), rank=0)
+    _rehearse(_payload(0, "own"), rank=0)
     assert CALLS == [(0, "own")]
+
+
+def _in_steps(seat: _Seat, tag: str) -> Any:
+    for step in range(3):
+        if tag == "raise" and step == 1:
+            raise RuntimeError("a failed step")
+        CALLS.append((seat.rank, f"{tag}{step}"))
+        yield
+
+
+def _stepped_fn(world: Any, tag: str) -> None:
+    """Never run: only its rehearsal is, in steps."""
+
+
+_stepped_fn.subworld_rehearse = _in_steps  # type: ignore[attr-defined]
+
+
+def test_a_rehearsal_in_steps_is_advanced_one_step_at_a_time() -> None:
+    """Between two steps the warm process serves a test waiting for its zygote; a failed step ends it."""
+    CALLS.clear()
+    steps = zygote._rehearsal(pickle.dumps((_Spec(_Seat(0)), _stepped_fn, ("s",), {})), 0)
+    assert CALLS == []  # nothing runs before the first step
+    next(steps)
+    assert CALLS == [(0, "s0")]
+    assert list(steps) == [None, None] and CALLS == [(0, "s0"), (0, "s1"), (0, "s2")]
+    CALLS.clear()
+    assert _rehearse(pickle.dumps((_Spec(_Seat(0)), _stepped_fn, ("raise",), {})), 0) == 1
+    assert CALLS == [(0, "raise0")]
 
 
 DRY = """
@@ -178,3 +212,28 @@ def test_a_dry_world_answers_as_if_every_rank_held_this_ranks_data_and_leaves_no
     assert out["partial_full"] == [[1.0, 2.0]]  # the functional all-reduce too
     assert out["after"] == [False, True, True, True, True]
     assert out["real_name"] == out["dry_name"]  # groups are numbered again: cached meshes name the real ones
+
+
+def test_a_checks_first_role_rehearses_every_kind_its_own_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume check's fit announces a session of checks: its own kind, then the others, one step each;
+    a later role rehearses its own kind only."""
+    from pytest_sprite import LoraQwen
+    from pytest_sprite.recipes import _resume
+    from pytest_sprite.recipes.resume_spec import ResumeRecipe, RoleSpec
+    from pytest_sprite.subworld.join import Seat
+
+    asked: list[tuple[str, str]] = []
+
+    def kind(seat: Seat, spec: RoleSpec) -> bool:
+        asked.append((spec.strategy, spec.precision))
+        return spec.strategy != "fsdp"  # as if fsdp's were rehearsed before: no step
+
+    monkeypatch.setattr(_resume, "_rehearse_kind", kind)
+    recipe = ResumeRecipe(source=LoraQwen(), global_batch=4)
+    spec = RoleSpec(role="fit", strategy="fsdp_file", precision="bf16-mixed", recipe=recipe, directory="d")
+    seat = Seat.__new__(Seat)
+    assert len(list(_resume._rehearse(seat, spec))) == 3
+    assert asked == [("fsdp_file", "bf16-mixed"), *_resume.REHEARSED_KINDS]
+    asked.clear()
+    assert len(list(_resume._rehearse(seat, dataclasses.replace(spec, role="resume")))) == 1
+    assert asked == [("fsdp_file", "bf16-mixed")]
