@@ -45,6 +45,8 @@ ACB: A100 n4, BF16   4  8  4 → 2  pass; 12 faults rejected"""
 class _Interpreters:
     """Starts each rank as ``python -c ...`` running the same rank code a fork runs (for comparison only)."""
 
+    reaps = False
+
     def __init__(self) -> None:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.files: list[str] = []

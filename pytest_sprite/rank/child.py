@@ -190,6 +190,7 @@ class ChildSession:
             started_nothing,
         )
 
+        subworld.settle_zygote_ranks()  # its sub-worlds' ranks that returned end on their own, soon
         zygote = subworld.zygote_pid()
         # A test that started no process (most) has nothing to search for.
         nothing = started_nothing()

@@ -32,7 +32,7 @@ from .host import _subworld_place as _subworld_place
 from .plan import KillAt, KillPlan, KillPoint
 from .rank_body import emit, in_subworld, kill_point
 from .result import RankOutcome, SubworldError, SubworldResult
-from .zygote import Pristine, Zygote, set_pristine, zygote_pid
+from .zygote import Pristine, Zygote, set_pristine, settle_zygote_ranks, zygote_pid
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -49,5 +49,6 @@ __all__ = [
     "kill_point",
     "run_subworld",
     "set_pristine",
+    "settle_zygote_ranks",
     "zygote_pid",
 ]

@@ -158,6 +158,7 @@ def rank_main(request: bytes | tuple[Any, ...], channel: socket.socket) -> NoRet
             _send(channel, Returned(value))
         if store is not None:
             _leave(store, spec.seat.world_size)
+        channel.close()  # done: a host whose zygote reaps this rank stops waiting here, not at the exit
     except BaseException:
         try:
             _send(channel, Raised(traceback.format_exc()))

@@ -40,6 +40,7 @@ from pytest_sprite.plumbing.protocol import (
     send_fork_request,
     zygote_news,
 )
+from pytest_sprite.plumbing.timing import monotonic
 
 from .rank_body import rank_main
 
@@ -50,12 +51,17 @@ __all__ = [
     "Zygote",
     "current_zygote",
     "set_pristine",
+    "settle_zygote_ranks",
     "zygote_pid",
 ]
 
 
 class Forker(Protocol):
     """Starts sub-world ranks and says which of them ended."""
+
+    reaps: bool
+    """True: another process reaps the ranks and reports each exit whenever it happens (a zygote), so a
+    host may take a rank that returned and closed its channel as done without waiting for its exit."""
 
     def spawn(self, request: tuple[Any, ...], channel: socket.socket, host_fds: Sequence[int] = ()) -> int:
         """Start a rank running ``request`` (spec, fn, args, kwargs) that talks on ``channel``; its pid.
@@ -76,6 +82,8 @@ class Forker(Protocol):
 
 class DirectForker:
     """Forks ranks from this process: a plain test's world of its own."""
+
+    reaps = False  # its ranks are this process's children: it waits for every exit, leaving no zombie
 
     def __init__(self) -> None:
         self.exits: dict[int, int | None] = {}
@@ -124,10 +132,14 @@ class Zygote:
     its socket (by ending), and ends the ranks it still runs.
     """
 
+    reaps = True
+
     def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
         self.sock = sock
         self._exits: dict[int, int] = {}
+        self._live: set[int] = set()
+        """The ranks it forked whose exit it has not reported yet."""
         self._buf = bytearray()
 
     @classmethod
@@ -150,6 +162,7 @@ class Zygote:
         while True:
             for kind, pid, status in self._read(block=True):
                 if kind == "pid":
+                    self._live.add(pid)
                     return pid
                 self._exits[pid] = status
 
@@ -164,6 +177,18 @@ class Zygote:
         """The zygote's socket: it reports each exit as it happens."""
         return [self.sock.fileno()]
 
+    def settle(self, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until every rank it forked has ended: a host took the ranks
+        that returned as done before their exits (the test's leftover search must not find one exiting)."""
+        deadline = monotonic() + timeout
+        while self._live:
+            ready, _, _ = select.select([self.sock], [], [], max(0.0, deadline - monotonic()))
+            if not ready:
+                return
+            for kind, pid, status in self._read(block=False):
+                if kind == "exit":
+                    self._exits[pid] = status
+
     def _read(self, *, block: bool) -> list[tuple[str, int, int]]:
         out: list[tuple[str, int, int]] = []
         while True:
@@ -175,6 +200,7 @@ class Zygote:
                 raise RuntimeError("the sub-world zygote of this rank died")
             self._buf += data
             out += read_zygote_news(self._buf)
+            self._live.difference_update(pid for kind, pid, _ in out if kind == "exit")
             if out:
                 return out
 
@@ -488,6 +514,12 @@ def current_zygote(rank: int) -> Zygote | None:
     if _ZYGOTE is None and _PRISTINE is not None:
         _ZYGOTE = Zygote.connect(_PRISTINE, rank)
     return _ZYGOTE
+
+
+def settle_zygote_ranks(timeout: float = 5.0) -> None:
+    """In a test child: wait until the ranks of its sub-worlds have all ended (:meth:`Zygote.settle`)."""
+    if _ZYGOTE is not None:
+        _ZYGOTE.settle(timeout)
 
 
 def zygote_pid() -> int | None:

@@ -193,3 +193,39 @@ def test_an_agent_forks_its_pristine_zygote_at_its_first_sub_world(pytester: pyt
     )
     result = run_pytest(pytester, "--ranks=2", timeout=TIMEOUT)
     result.assert_outcomes(passed=3)
+
+
+def test_returned_ranks_are_done_before_their_exits_and_end_before_the_test(
+    pytester: pytest.Pytester,
+) -> None:
+    """A ranks test's sub-world is over once its ranks returned and closed their channels (their zygote
+    reports the exits later); the test's teardown waits for those exits, so twenty sub-worlds in a row leave
+    no rank running and no leftover warning."""
+    pytester.makepyfile(
+        """
+        import os
+        import pytest
+        from pytest_sprite import run_subworld
+        from pytest_sprite.subworld import zygote
+
+        def pid(world):
+            return os.getpid()
+
+        @pytest.mark.ranks(2)
+        def test_many(world):
+            pids = []
+            for _ in range(20):
+                result = run_subworld(pid)
+                assert [o.exitcode for o in result.outcomes] == [0, 0]
+                pids += result.values()[world.rank : world.rank + 1]
+            zygote.settle_zygote_ranks()
+            assert zygote.current_zygote(world.rank)._live == set()
+            for p in pids:  # reaped by the zygote: gone
+                with pytest.raises(ProcessLookupError):
+                    os.kill(p, 0)
+        """
+    )
+    result = run_pytest(
+        pytester, "--ranks=2", "-W", "error::pytest_sprite.errors.LeftoverProcessWarning", timeout=TIMEOUT
+    )
+    result.assert_outcomes(passed=1, warnings=0)
