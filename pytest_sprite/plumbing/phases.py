@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 PHASES = {
-    "fork": "starting a sub-world's processes, their start-up, waiting for the slowest rank and the exit",
+    "fork": "starting a sub-world's processes, their start-up, waiting for the slowest rank (a plain test's: the exits)",
     "join": "a sub-world rank joining its process group",
     "sub-world other": "a sub-world rank's time in no other phase (its model and rows, the function's own code)",
     "trainer": "building Lightning's Trainer and its strategy",
